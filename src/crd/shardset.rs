@@ -1,0 +1,653 @@
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::core::v1::{Affinity, EnvVar, ResourceRequirements, Toleration};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+use kube::core::Duration;
+use kube::{CustomResource, KubeSchema};
+use serde::{Deserialize, Serialize};
+
+/// Desired state of one webhook-delivery pool: its shards, the Redis that
+/// holds its queues, the workers that drain them, and the fairness and
+/// promotion policy that keeps one tenant's flood from delaying the others.
+#[derive(CustomResource, KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[kube(
+    group = "lanekeeper.io",
+    version = "v1alpha1",
+    kind = "ShardSet",
+    plural = "shardsets",
+    singular = "shardset",
+    shortname = "shs",
+    category = "lanekeeper",
+    namespaced,
+    status = "ShardSetStatus",
+    derive = "PartialEq",
+    doc = "A ShardSet is one webhook-delivery pool: envelopes are routed onto its shards by rendezvous hashing of the tenant, and each shard's workers serve tenants fairly by deficit round robin priced in worker-seconds. Hot tenants are promoted to DedicatedLanes.",
+    printcolumn(name = "Shards", type_ = "integer", json_path = ".spec.shards", description = "Shards requested in spec"),
+    printcolumn(name = "Ready", type_ = "string", json_path = ".status.readySummary", description = "Shards whose worker Deployment is available, of those desired"),
+    printcolumn(name = "Lanes", type_ = "string", json_path = ".status.laneSummary", description = "Dedicated lanes admitted, of the cap"),
+    printcolumn(name = "Skew", type_ = "number", json_path = ".status.skewRatio", description = "Max/median shard throughput over the promotion window; 1.0 is perfectly even"),
+    printcolumn(name = "Status", type_ = "string", json_path = ".status.conditions[?(@.type==\"Ready\")].status", description = "The Ready condition"),
+    printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp")
+)]
+#[serde(rename_all = "camelCase")]
+pub struct ShardSetSpec {
+    /// Number of shards (hash queues) tenants are spread over, 1 to 1024.
+    /// Each shard gets its own worker Deployment named `<set>-shard-<NN>`.
+    /// Changing it is a migration: only tenants whose rendezvous hash moves are
+    /// relocated, one at a time, with drain-then-move so per-tenant order holds.
+    #[x_kube(validation = Rule::new("self >= 1 && self <= 1024").message("shards must be between 1 and 1024"))]
+    pub shards: i32,
+
+    /// Where the queues live. All shards and lanes of this set share it.
+    pub redis: RedisSpec,
+
+    /// The worker pods that deliver webhooks, one Deployment per shard.
+    pub worker: WorkerTemplate,
+
+    /// Fairness policy inside each shard.
+    #[serde(default)]
+    pub scheduler: SchedulerSpec,
+
+    /// How one webhook is delivered: timeouts, retries and the per-endpoint circuit breaker.
+    #[serde(default)]
+    pub delivery: DeliverySpec,
+
+    /// When tenants are promoted to, and demoted from, dedicated lanes.
+    #[serde(default)]
+    pub promotion: PromotionSpec,
+
+    /// How a tenant is moved between queues (lane promotion, demotion and resharding).
+    #[serde(default)]
+    pub relocation: RelocationSpec,
+}
+
+/// Connection to the Redis server or Redis Cluster that holds this set's
+/// queues. Give exactly one of `url` and `urlSecretRef`.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
+#[x_kube(validation = Rule::new("has(self.url) != has(self.urlSecretRef)").message("redis: set exactly one of url and urlSecretRef"))]
+#[serde(rename_all = "camelCase")]
+pub struct RedisSpec {
+    /// Redis URL without credentials, e.g. `redis://redis.lanekeeper.svc:6379/0`,
+    /// or `rediss://` for TLS. Put credentials in `passwordSecretRef`, or use
+    /// `urlSecretRef` instead, never inline here.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[x_kube(validation = Rule::new("self.startsWith('redis://') || self.startsWith('rediss://')").message("redis.url must start with redis:// or rediss://"))]
+    #[x_kube(validation = Rule::new("!self.matches('^rediss?://[^/@]*@')").message("redis.url must not carry credentials; use passwordSecretRef or urlSecretRef"))]
+    #[schemars(length(max = 2048))]
+    pub url: Option<String>,
+
+    /// A key of a Secret in this namespace whose value is the full Redis URL,
+    /// credentials included. The Secret is mounted into worker pods by
+    /// reference; its value is never copied into a Deployment.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub url_secret_ref: Option<SecretKeyRef>,
+
+    /// A key of a Secret in this namespace holding the Redis password (used with `url`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub password_secret_ref: Option<SecretKeyRef>,
+
+    /// Treat the endpoint as a Redis Cluster and connect with the cluster client,
+    /// which follows MOVED/ASK redirects and failovers.
+    #[serde(default)]
+    pub cluster: bool,
+}
+
+/// A reference to one key of a Secret in the ShardSet's namespace.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct SecretKeyRef {
+    /// Name of the Secret.
+    #[x_kube(validation = Rule::new("self != ''").message("secret name must not be empty"))]
+    #[schemars(length(max = 253))]
+    pub name: String,
+    /// Key within the Secret.
+    #[x_kube(validation = Rule::new("self != ''").message("secret key must not be empty"))]
+    #[schemars(length(max = 253))]
+    pub key: String,
+}
+
+/// The worker pod template for every shard Deployment of the set.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
+#[x_kube(validation = Rule::new("!(self.autoscaled && has(self.replicas))").message("worker.replicas must be omitted when worker.autoscaled is true: the autoscaler owns replicas"))]
+#[serde(rename_all = "camelCase")]
+pub struct WorkerTemplate {
+    /// Container image that runs `lanekeeper worker`, pinned by tag or digest.
+    #[x_kube(validation = Rule::new("self != ''").message("worker.image must not be empty"))]
+    #[schemars(length(max = 1024))]
+    pub image: String,
+
+    /// Image pull policy for the worker container (Always, IfNotPresent or Never).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[x_kube(validation = Rule::new("self in ['Always', 'IfNotPresent', 'Never']").message("worker.imagePullPolicy must be Always, IfNotPresent or Never"))]
+    pub image_pull_policy: Option<String>,
+
+    /// Worker pods per shard. Omit it when an autoscaler (KEDA, an HPA) owns
+    /// replicas and set `autoscaled: true`; the operator then never writes
+    /// `spec.replicas` and does not fight the autoscaler. Defaults to 1.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[x_kube(validation = Rule::new("self >= 0").message("worker.replicas must not be negative"))]
+    pub replicas: Option<i32>,
+
+    /// True when an external autoscaler owns the replica count of shard Deployments.
+    #[serde(default)]
+    pub autoscaled: bool,
+
+    /// Deliveries in flight per worker pod (tokio tasks). Total shard
+    /// concurrency is replicas x concurrency.
+    #[serde(default = "default_concurrency")]
+    #[x_kube(validation = Rule::new("self >= 1 && self <= 1024").message("worker.concurrency must be between 1 and 1024"))]
+    pub concurrency: i32,
+
+    /// Compute resources of the worker container.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resources: Option<ResourceRequirements>,
+
+    /// Extra environment variables for the worker container.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub env: Vec<EnvVar>,
+
+    /// Node labels the worker pods must match.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub node_selector: BTreeMap<String, String>,
+
+    /// Tolerations of the worker pods.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tolerations: Vec<Toleration>,
+
+    /// Affinity rules of the worker pods.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub affinity: Option<Affinity>,
+
+    /// PriorityClass of the worker pods.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub priority_class_name: Option<String>,
+
+    /// ServiceAccount the worker pods run as.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub service_account_name: Option<String>,
+}
+
+fn default_concurrency() -> i32 {
+    16
+}
+
+/// Delivery order guarantee within one tenant.
+#[derive(schemars::JsonSchema, Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum Ordering {
+    /// Envelopes of one tenant may be delivered concurrently, up to `maxInFlightPerTenant`.
+    #[default]
+    None,
+    /// Strict per-tenant order: one envelope in flight per tenant; a failing
+    /// head envelope blocks only its own tenant.
+    PerTenant,
+}
+
+/// Fairness policy inside each queue: deficit round robin over the active
+/// tenants, priced in worker-seconds.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct SchedulerSpec {
+    /// Worker-seconds of credit an active tenant of weight 1 earns per round.
+    /// Larger quanta mean fewer ring rotations, coarser interleaving.
+    #[serde(default = "default_quantum")]
+    #[x_kube(validation = Rule::new("self > 0.0 && self <= 3600.0").message("scheduler.quantumSeconds must be greater than 0 and at most 3600"))]
+    pub quantum_seconds: f64,
+
+    /// Most envelopes of one tenant leased at once in one queue. A tenant at its
+    /// cap is skipped until one of its leases is acked.
+    #[serde(default = "default_max_in_flight")]
+    #[x_kube(validation = Rule::new("self >= 1 && self <= 10000").message("scheduler.maxInFlightPerTenant must be between 1 and 10000"))]
+    pub max_in_flight_per_tenant: i32,
+
+    /// Weight of tenants not listed in `weights` or `tierWeights`.
+    #[serde(default = "default_weight")]
+    #[x_kube(validation = Rule::new("self > 0.0 && self <= 1000.0").message("scheduler.defaultWeight must be greater than 0 and at most 1000"))]
+    pub default_weight: f64,
+
+    /// Per-tenant weights; a tenant's quantum is scaled by its weight.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[x_kube(merge_strategy = ListMerge::Map(vec!["tenant".into()]))]
+    #[schemars(length(max = 10000))]
+    pub weights: Vec<TenantWeight>,
+
+    /// Per-tier weights, for tenants tagged with a tier at registration. A
+    /// per-tenant weight wins over its tier's.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[x_kube(merge_strategy = ListMerge::Map(vec!["tier".into()]))]
+    #[schemars(length(max = 64))]
+    pub tier_weights: Vec<TierWeight>,
+
+    /// `None` (default): up to `maxInFlightPerTenant` in flight per tenant.
+    /// `PerTenant`: strict per-tenant order, one in flight per tenant.
+    #[serde(default)]
+    pub ordering: Ordering,
+}
+
+fn default_quantum() -> f64 {
+    2.0
+}
+fn default_max_in_flight() -> i32 {
+    8
+}
+fn default_weight() -> f64 {
+    1.0
+}
+
+impl Default for SchedulerSpec {
+    fn default() -> Self {
+        Self {
+            quantum_seconds: default_quantum(),
+            max_in_flight_per_tenant: default_max_in_flight(),
+            default_weight: default_weight(),
+            weights: Vec::new(),
+            tier_weights: Vec::new(),
+            ordering: Ordering::None,
+        }
+    }
+}
+
+/// A tenant's scheduling weight. Weights are positive: no tenant starves to zero.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct TenantWeight {
+    /// Tenant id.
+    #[x_kube(validation = Rule::new("self != ''").message("tenant must not be empty"))]
+    #[schemars(length(max = 128))]
+    pub tenant: String,
+    /// Weight, greater than 0 and at most 1000.
+    #[x_kube(validation = Rule::new("self > 0.0 && self <= 1000.0").message("weight must be greater than 0 and at most 1000"))]
+    pub weight: f64,
+}
+
+/// A tier's scheduling weight.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct TierWeight {
+    /// Tier name, as tagged on tenants at registration.
+    #[x_kube(validation = Rule::new("self != ''").message("tier must not be empty"))]
+    #[schemars(length(max = 64))]
+    pub tier: String,
+    /// Weight, greater than 0 and at most 1000.
+    #[x_kube(validation = Rule::new("self > 0.0 && self <= 1000.0").message("weight must be greater than 0 and at most 1000"))]
+    pub weight: f64,
+}
+
+/// How one webhook is delivered.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[x_kube(validation = Rule::new("!self.initialBackoff.matches('^([0-9]+(\\\\.[0-9]+)?(ns|us|ms|s|m|h))+$') || !self.maxBackoff.matches('^([0-9]+(\\\\.[0-9]+)?(ns|us|ms|s|m|h))+$') || duration(self.initialBackoff) <= duration(self.maxBackoff)").message("delivery.initialBackoff must not exceed delivery.maxBackoff"))]
+#[serde(rename_all = "camelCase")]
+pub struct DeliverySpec {
+    /// Total time allowed for one HTTP delivery attempt, e.g. `30s`.
+    #[serde(default = "default_timeout")]
+    #[x_kube(validation = Rule::new(super::DURATION_SYNTAX).message("delivery.timeout must be a duration such as 30s or 1m"))]
+    #[x_kube(validation = Rule::new(super::DURATION_POSITIVE).message("delivery.timeout must be positive"))]
+    #[schemars(length(max = 32))]
+    pub timeout: Duration,
+
+    /// Time allowed to establish the TCP/TLS connection, e.g. `5s`.
+    #[serde(default = "default_connect_timeout")]
+    #[x_kube(validation = Rule::new(super::DURATION_SYNTAX).message("delivery.connectTimeout must be a duration such as 5s"))]
+    #[x_kube(validation = Rule::new(super::DURATION_POSITIVE).message("delivery.connectTimeout must be positive"))]
+    #[schemars(length(max = 32))]
+    pub connect_timeout: Duration,
+
+    /// Delay before the first retry; it doubles per attempt (with jitter) up to `maxBackoff`.
+    #[serde(default = "default_initial_backoff")]
+    #[x_kube(validation = Rule::new(super::DURATION_SYNTAX).message("delivery.initialBackoff must be a duration such as 1s"))]
+    #[x_kube(validation = Rule::new(super::DURATION_POSITIVE).message("delivery.initialBackoff must be positive"))]
+    #[schemars(length(max = 32))]
+    pub initial_backoff: Duration,
+
+    /// Longest delay between two attempts.
+    #[serde(default = "default_max_backoff")]
+    #[x_kube(validation = Rule::new(super::DURATION_SYNTAX).message("delivery.maxBackoff must be a duration such as 1h"))]
+    #[x_kube(validation = Rule::new(super::DURATION_POSITIVE).message("delivery.maxBackoff must be positive"))]
+    #[schemars(length(max = 32))]
+    pub max_backoff: Duration,
+
+    /// Attempts before an envelope is dead-lettered (first attempt included).
+    #[serde(default = "default_max_attempts")]
+    #[x_kube(validation = Rule::new("self >= 1 && self <= 100").message("delivery.maxAttempts must be between 1 and 100"))]
+    pub max_attempts: i32,
+
+    /// Per-endpoint circuit breaker, shared by all workers through Redis.
+    #[serde(default)]
+    pub breaker: BreakerSpec,
+}
+
+fn default_timeout() -> Duration {
+    secs(30)
+}
+fn default_connect_timeout() -> Duration {
+    secs(5)
+}
+fn default_initial_backoff() -> Duration {
+    secs(1)
+}
+fn default_max_backoff() -> Duration {
+    secs(3600)
+}
+fn default_max_attempts() -> i32 {
+    10
+}
+
+pub(crate) fn secs(s: u64) -> Duration {
+    std::time::Duration::from_secs(s).into()
+}
+
+impl Default for DeliverySpec {
+    fn default() -> Self {
+        Self {
+            timeout: default_timeout(),
+            connect_timeout: default_connect_timeout(),
+            initial_backoff: default_initial_backoff(),
+            max_backoff: default_max_backoff(),
+            max_attempts: default_max_attempts(),
+            breaker: BreakerSpec::default(),
+        }
+    }
+}
+
+/// Circuit breaker per endpoint. While open, the endpoint's envelopes are not
+/// leased, so its tenant's share goes to everyone else.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct BreakerSpec {
+    /// Failure ratio over `window` at or above which the breaker opens.
+    #[serde(default = "default_failure_ratio")]
+    #[x_kube(validation = Rule::new("self > 0.0 && self <= 1.0").message("delivery.breaker.failureRatio must be in (0, 1]"))]
+    pub failure_ratio: f64,
+
+    /// Fewest requests in `window` before the ratio is trusted.
+    #[serde(default = "default_min_requests")]
+    #[x_kube(validation = Rule::new("self >= 1").message("delivery.breaker.minRequests must be at least 1"))]
+    pub min_requests: i32,
+
+    /// Sliding window the failure ratio is measured over.
+    #[serde(default = "default_breaker_window")]
+    #[x_kube(validation = Rule::new(super::DURATION_SYNTAX).message("delivery.breaker.window must be a duration such as 60s"))]
+    #[x_kube(validation = Rule::new(super::DURATION_POSITIVE).message("delivery.breaker.window must be positive"))]
+    #[schemars(length(max = 32))]
+    pub window: Duration,
+
+    /// How long the breaker stays open before one half-open probe is let through.
+    #[serde(default = "default_open_for")]
+    #[x_kube(validation = Rule::new(super::DURATION_SYNTAX).message("delivery.breaker.openFor must be a duration such as 30s"))]
+    #[x_kube(validation = Rule::new(super::DURATION_POSITIVE).message("delivery.breaker.openFor must be positive"))]
+    #[schemars(length(max = 32))]
+    pub open_for: Duration,
+}
+
+fn default_failure_ratio() -> f64 {
+    0.5
+}
+fn default_min_requests() -> i32 {
+    20
+}
+fn default_breaker_window() -> Duration {
+    secs(60)
+}
+fn default_open_for() -> Duration {
+    secs(30)
+}
+
+impl Default for BreakerSpec {
+    fn default() -> Self {
+        Self {
+            failure_ratio: default_failure_ratio(),
+            min_requests: default_min_requests(),
+            window: default_breaker_window(),
+            open_for: default_open_for(),
+        }
+    }
+}
+
+/// When a tenant earns a dedicated lane, and when it gives it back.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[x_kube(validation = Rule::new("self.demoteShare < self.promoteShare").message("promotion.demoteShare must be less than promotion.promoteShare (hysteresis)"))]
+#[serde(rename_all = "camelCase")]
+pub struct PromotionSpec {
+    /// Let the controller create and retire DedicatedLanes on its own.
+    /// Manually created lanes are honoured either way.
+    #[serde(default = "default_true")]
+    pub enabled: bool,
+
+    /// Share of its queue's worker-seconds over `window`, while the queue is
+    /// contended, at or above which a tenant is hot.
+    #[serde(default = "default_promote_share")]
+    #[x_kube(validation = Rule::new("self > 0.0 && self <= 1.0").message("promotion.promoteShare must be in (0, 1]"))]
+    pub promote_share: f64,
+
+    /// Share below which a tenant on a lane is cold.
+    #[serde(default = "default_demote_share")]
+    #[x_kube(validation = Rule::new("self >= 0.0 && self < 1.0").message("promotion.demoteShare must be in [0, 1)"))]
+    pub demote_share: f64,
+
+    /// How long a tenant must stay hot before it is promoted.
+    #[serde(default = "default_promote_after")]
+    #[x_kube(validation = Rule::new(super::DURATION_SYNTAX).message("promotion.promoteAfter must be a duration such as 15m"))]
+    #[x_kube(validation = Rule::new(super::DURATION_POSITIVE).message("promotion.promoteAfter must be positive"))]
+    #[schemars(length(max = 32))]
+    pub promote_after: Duration,
+
+    /// How long a promoted tenant must stay cold before it is demoted.
+    #[serde(default = "default_demote_after")]
+    #[x_kube(validation = Rule::new(super::DURATION_SYNTAX).message("promotion.demoteAfter must be a duration such as 60m"))]
+    #[x_kube(validation = Rule::new(super::DURATION_POSITIVE).message("promotion.demoteAfter must be positive"))]
+    #[schemars(length(max = 32))]
+    pub demote_after: Duration,
+
+    /// Sliding window over which worker-second shares are measured.
+    #[serde(default = "default_window")]
+    #[x_kube(validation = Rule::new(super::DURATION_SYNTAX).message("promotion.window must be a duration such as 5m"))]
+    #[x_kube(validation = Rule::new(super::DURATION_POSITIVE).message("promotion.window must be positive"))]
+    #[schemars(length(max = 32))]
+    pub window: Duration,
+
+    /// Most dedicated lanes admitted at once, manual ones included, 1 to 8.
+    /// At the cap the set reports `LaneCapReached`: shape ingest instead.
+    #[serde(default = "default_max_lanes")]
+    #[x_kube(validation = Rule::new("self >= 1 && self <= 8").message("promotion.maxLanes must be between 1 and 8"))]
+    pub max_lanes: i32,
+
+    /// Worker settings for lane Deployments, over the set's `worker` template.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lane_worker: Option<WorkerOverrides>,
+}
+
+fn default_true() -> bool {
+    true
+}
+fn default_promote_share() -> f64 {
+    0.30
+}
+fn default_demote_share() -> f64 {
+    0.10
+}
+fn default_promote_after() -> Duration {
+    secs(15 * 60)
+}
+fn default_demote_after() -> Duration {
+    secs(60 * 60)
+}
+fn default_window() -> Duration {
+    secs(5 * 60)
+}
+fn default_max_lanes() -> i32 {
+    super::MAX_LANES
+}
+
+impl Default for PromotionSpec {
+    fn default() -> Self {
+        Self {
+            enabled: true,
+            promote_share: default_promote_share(),
+            demote_share: default_demote_share(),
+            promote_after: default_promote_after(),
+            demote_after: default_demote_after(),
+            window: default_window(),
+            max_lanes: default_max_lanes(),
+            lane_worker: None,
+        }
+    }
+}
+
+/// Worker settings that override the set's `worker` template for a lane.
+/// Unset fields inherit.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct WorkerOverrides {
+    /// Worker pods for the lane.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[x_kube(validation = Rule::new("self >= 0").message("replicas must not be negative"))]
+    pub replicas: Option<i32>,
+
+    /// Deliveries in flight per lane worker pod.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[x_kube(validation = Rule::new("self >= 1 && self <= 1024").message("concurrency must be between 1 and 1024"))]
+    pub concurrency: Option<i32>,
+
+    /// Compute resources of the lane worker container.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resources: Option<ResourceRequirements>,
+
+    /// Node labels the lane worker pods must match (replaces the set's).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node_selector: Option<BTreeMap<String, String>>,
+}
+
+/// How tenants are moved between queues.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct RelocationSpec {
+    /// Longest wait for a paused tenant's source queue to drain. Past it the
+    /// move aborts (the tenant is unpaused in place, reason `DrainTimeout`) and
+    /// is retried later with backoff: a busy lane is never moved.
+    #[serde(default = "default_drain_timeout")]
+    #[x_kube(validation = Rule::new(super::DURATION_SYNTAX).message("relocation.drainTimeout must be a duration such as 120s"))]
+    #[x_kube(validation = Rule::new(super::DURATION_POSITIVE).message("relocation.drainTimeout must be positive"))]
+    #[schemars(length(max = 32))]
+    pub drain_timeout: Duration,
+
+    /// Tenants moved at once during a reshard.
+    #[serde(default = "default_max_concurrent_moves")]
+    #[x_kube(validation = Rule::new("self >= 1 && self <= 64").message("relocation.maxConcurrentMoves must be between 1 and 64"))]
+    pub max_concurrent_moves: i32,
+}
+
+fn default_drain_timeout() -> Duration {
+    secs(120)
+}
+fn default_max_concurrent_moves() -> i32 {
+    1
+}
+
+impl Default for RelocationSpec {
+    fn default() -> Self {
+        Self {
+            drain_timeout: default_drain_timeout(),
+            max_concurrent_moves: default_max_concurrent_moves(),
+        }
+    }
+}
+
+/// Observed state of a ShardSet, written by the controller.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct ShardSetStatus {
+    /// The `metadata.generation` this status describes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_generation: Option<i64>,
+
+    /// `Ready`, `Progressing`, `Degraded`, `LaneCapReached` and `Resharding`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[x_kube(merge_strategy = ListMerge::Map(vec!["type".into()]))]
+    pub conditions: Vec<Condition>,
+
+    /// Shards the spec asks for.
+    #[serde(default)]
+    pub shards_desired: i32,
+
+    /// Shards whose worker Deployment has all its replicas available.
+    #[serde(default)]
+    pub shards_ready: i32,
+
+    /// `ready/desired`, for `kubectl get`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ready_summary: Option<String>,
+
+    /// Dedicated lanes admitted.
+    #[serde(default)]
+    pub lanes_used: i32,
+
+    /// The lane cap in force (`spec.promotion.maxLanes`).
+    #[serde(default)]
+    pub lanes_max: i32,
+
+    /// `used/max`, for `kubectl get`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lane_summary: Option<String>,
+
+    /// Max over median of per-shard worker-seconds in the promotion window.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub skew_ratio: Option<f64>,
+
+    /// Tenants with the largest share of their queue's worker-seconds.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 20))]
+    pub top_tenants: Vec<TenantShare>,
+
+    /// Tenants currently hot and the time they became so; promoted once hot for `promoteAfter`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 64))]
+    pub promotion_candidates: Vec<PromotionCandidate>,
+
+    /// Progress of a shard-count change, while one runs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resharding: Option<ReshardProgress>,
+}
+
+/// One tenant's share of its queue's capacity.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct TenantShare {
+    /// Tenant id.
+    pub tenant: String,
+    /// Queue the tenant is served from (`shard-07`, `lane-3`).
+    pub queue: String,
+    /// Share of the queue's worker-seconds over the window, 0 to 1.
+    pub share: f64,
+    /// Envelopes waiting or in flight.
+    #[serde(default)]
+    pub depth: i64,
+}
+
+/// A tenant on its way to a dedicated lane.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct PromotionCandidate {
+    /// Tenant id.
+    pub tenant: String,
+    /// Queue the tenant is served from.
+    pub queue: String,
+    /// Latest measured share of the queue's worker-seconds.
+    pub share: f64,
+    /// When the tenant became hot; it is promoted at `hotSince + promoteAfter`.
+    pub hot_since: Time,
+}
+
+/// Progress of a reshard from `fromShards` to `toShards`.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct ReshardProgress {
+    /// Shard count before the change.
+    pub from_shards: i32,
+    /// Shard count being moved to.
+    pub to_shards: i32,
+    /// Tenants whose hash queue changes.
+    pub to_move: i32,
+    /// Tenants already on their new queue.
+    pub moved: i32,
+    /// Tenants whose move failed and will be retried.
+    pub failed: i32,
+}

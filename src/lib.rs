@@ -1,0 +1,5 @@
+//! lanekeeper: a Kubernetes operator and the webhook-delivery data plane it
+//! runs, built so that one tenant's flood cannot delay every other tenant's
+//! webhooks. See `docs/architecture.md` for the module map.
+
+pub mod crd;

@@ -1,0 +1,11 @@
+//go:build tools
+
+// Package tools pins the Kubernetes control-plane commands that
+// tests/controlplane/build.sh compiles for lanekeeper's end-to-end tests.
+package tools
+
+import (
+	_ "k8s.io/kubernetes/cmd/kube-apiserver"
+	_ "k8s.io/kubernetes/cmd/kube-controller-manager"
+	_ "k8s.io/kubernetes/cmd/kube-scheduler"
+)
