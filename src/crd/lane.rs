@@ -18,13 +18,48 @@ use super::WorkerOverrides;
     status = "DedicatedLaneStatus",
     derive = "PartialEq",
     doc = "A DedicatedLane moves one hot tenant of a ShardSet onto a worker Deployment of its own (`<set>-lane-<i>`), with pause, drain and repin so the tenant's order holds. The promotion controller creates them; you may too, for a known whale.",
-    printcolumn(name = "ShardSet", type_ = "string", json_path = ".spec.shardSet", priority = 1),
-    printcolumn(name = "Tenant", type_ = "string", json_path = ".spec.tenant", description = "The tenant on this lane"),
-    printcolumn(name = "Lane", type_ = "integer", json_path = ".status.laneIndex", description = "Lane index under the set's cap"),
-    printcolumn(name = "Phase", type_ = "string", json_path = ".status.phase", description = "Relocation phase"),
-    printcolumn(name = "Ready", type_ = "string", json_path = ".status.conditions[?(@.type==\"Ready\")].status", description = "The Ready condition"),
-    printcolumn(name = "Held", type_ = "integer", json_path = ".status.heldEnvelopes", priority = 1, description = "Envelopes in the hold buffer while paused"),
-    printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp")
+    printcolumn(
+        name = "ShardSet",
+        type_ = "string",
+        json_path = ".spec.shardSet",
+        priority = 1
+    ),
+    printcolumn(
+        name = "Tenant",
+        type_ = "string",
+        json_path = ".spec.tenant",
+        description = "The tenant on this lane"
+    ),
+    printcolumn(
+        name = "Lane",
+        type_ = "integer",
+        json_path = ".status.laneIndex",
+        description = "Lane index under the set's cap"
+    ),
+    printcolumn(
+        name = "Phase",
+        type_ = "string",
+        json_path = ".status.phase",
+        description = "Relocation phase"
+    ),
+    printcolumn(
+        name = "Ready",
+        type_ = "string",
+        json_path = ".status.conditions[?(@.type==\"Ready\")].status",
+        description = "The Ready condition"
+    ),
+    printcolumn(
+        name = "Held",
+        type_ = "integer",
+        json_path = ".status.heldEnvelopes",
+        priority = 1,
+        description = "Envelopes in the hold buffer while paused"
+    ),
+    printcolumn(
+        name = "Age",
+        type_ = "date",
+        json_path = ".metadata.creationTimestamp"
+    )
 )]
 #[serde(rename_all = "camelCase")]
 pub struct DedicatedLaneSpec {
@@ -53,7 +88,9 @@ pub struct DedicatedLaneSpec {
 }
 
 /// Where a DedicatedLane is in its relocation.
-#[derive(schemars::JsonSchema, Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Default)]
+#[derive(
+    schemars::JsonSchema, Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Default,
+)]
 pub enum LanePhase {
     /// Waiting for a lane index under the cap.
     #[default]

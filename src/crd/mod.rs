@@ -6,6 +6,9 @@
 //! shows it, so it is written for the engineer paging at 3 a.m.
 //! `crds/*.yaml` is generated from these types by `lanekeeper crds`.
 
+// Each `printcolumn(...)` of `#[kube]` repeats `name`/`type_`/`json_path` by design.
+#![allow(clippy::duplicated_attributes)]
+
 mod lane;
 mod shardset;
 
@@ -55,8 +58,7 @@ pub fn all_yaml() -> Result<String, serde_yaml::Error> {
 /// CEL for a `metav1.Duration`-style string (Go `time.ParseDuration` syntax,
 /// no sign): the regular expression keeps `duration()` from failing with an
 /// evaluation error, so the user sees the message instead.
-pub(crate) const DURATION_SYNTAX: &str =
-    r"self.matches('^([0-9]+(\\.[0-9]+)?(ns|us|ms|s|m|h))+$')";
+pub(crate) const DURATION_SYNTAX: &str = r"self.matches('^([0-9]+(\\.[0-9]+)?(ns|us|ms|s|m|h))+$')";
 /// CEL for "strictly positive" on a duration string already known to parse.
 pub(crate) const DURATION_POSITIVE: &str =
     r"!self.matches('^([0-9]+(\\.[0-9]+)?(ns|us|ms|s|m|h))+$') || duration(self) > duration('0s')";
@@ -72,12 +74,21 @@ mod tests {
     #[test]
     fn crd_names_and_scope() {
         let crds = all();
-        let names: Vec<_> = crds.iter().map(|c| c.metadata.name.clone().unwrap()).collect();
-        assert_eq!(names, vec!["shardsets.lanekeeper.io", "dedicatedlanes.lanekeeper.io"]);
+        let names: Vec<_> = crds
+            .iter()
+            .map(|c| c.metadata.name.clone().unwrap())
+            .collect();
+        assert_eq!(
+            names,
+            vec!["shardsets.lanekeeper.io", "dedicatedlanes.lanekeeper.io"]
+        );
         for crd in &crds {
             assert_eq!(crd.spec.scope, "Namespaced");
             assert_eq!(crd.spec.group, GROUP);
-            assert_eq!(crd.spec.names.categories.as_deref(), Some(&["lanekeeper".to_string()][..]));
+            assert_eq!(
+                crd.spec.names.categories.as_deref(),
+                Some(&["lanekeeper".to_string()][..])
+            );
             let v = &crd.spec.versions[0];
             assert_eq!(v.name, VERSION);
             assert!(v.subresources.as_ref().unwrap().status.is_some());

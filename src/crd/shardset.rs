@@ -22,12 +22,41 @@ use serde::{Deserialize, Serialize};
     status = "ShardSetStatus",
     derive = "PartialEq",
     doc = "A ShardSet is one webhook-delivery pool: envelopes are routed onto its shards by rendezvous hashing of the tenant, and each shard's workers serve tenants fairly by deficit round robin priced in worker-seconds. Hot tenants are promoted to DedicatedLanes.",
-    printcolumn(name = "Shards", type_ = "integer", json_path = ".spec.shards", description = "Shards requested in spec"),
-    printcolumn(name = "Ready", type_ = "string", json_path = ".status.readySummary", description = "Shards whose worker Deployment is available, of those desired"),
-    printcolumn(name = "Lanes", type_ = "string", json_path = ".status.laneSummary", description = "Dedicated lanes admitted, of the cap"),
-    printcolumn(name = "Skew", type_ = "number", json_path = ".status.skewRatio", description = "Max/median shard throughput over the promotion window; 1.0 is perfectly even"),
-    printcolumn(name = "Status", type_ = "string", json_path = ".status.conditions[?(@.type==\"Ready\")].status", description = "The Ready condition"),
-    printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp")
+    printcolumn(
+        name = "Shards",
+        type_ = "integer",
+        json_path = ".spec.shards",
+        description = "Shards requested in spec"
+    ),
+    printcolumn(
+        name = "Ready",
+        type_ = "string",
+        json_path = ".status.readySummary",
+        description = "Shards whose worker Deployment is available, of those desired"
+    ),
+    printcolumn(
+        name = "Lanes",
+        type_ = "string",
+        json_path = ".status.laneSummary",
+        description = "Dedicated lanes admitted, of the cap"
+    ),
+    printcolumn(
+        name = "Skew",
+        type_ = "number",
+        json_path = ".status.skewRatio",
+        description = "Max/median shard throughput over the promotion window; 1.0 is perfectly even"
+    ),
+    printcolumn(
+        name = "Status",
+        type_ = "string",
+        json_path = ".status.conditions[?(@.type==\"Ready\")].status",
+        description = "The Ready condition"
+    ),
+    printcolumn(
+        name = "Age",
+        type_ = "date",
+        json_path = ".metadata.creationTimestamp"
+    )
 )]
 #[serde(rename_all = "camelCase")]
 pub struct ShardSetSpec {
@@ -172,7 +201,9 @@ fn default_concurrency() -> i32 {
 }
 
 /// Delivery order guarantee within one tenant.
-#[derive(schemars::JsonSchema, Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Default)]
+#[derive(
+    schemars::JsonSchema, Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Default,
+)]
 pub enum Ordering {
     /// Envelopes of one tenant may be delivered concurrently, up to `maxInFlightPerTenant`.
     #[default]

@@ -1,0 +1,343 @@
+//! End-to-end: the CRDs against a real kube-apiserver, driven by the real kubectl.
+
+mod support;
+
+use std::path::Path;
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+use support::controlplane::{self, ControlPlane};
+
+fn repo(path: &str) -> String {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join(path)
+        .display()
+        .to_string()
+}
+
+/// The control plane with lanekeeper's CRDs applied and Established.
+fn cluster() -> &'static ControlPlane {
+    static READY: OnceLock<()> = OnceLock::new();
+    let cp = controlplane::api_server();
+    READY.get_or_init(|| {
+        let out = cp.kubectl_ok(&["apply", "-f", &repo("crds/")]);
+        assert!(out.contains("shardsets.lanekeeper.io"), "{out}");
+        assert!(out.contains("dedicatedlanes.lanekeeper.io"), "{out}");
+        cp.kubectl_ok(&[
+            "wait",
+            "--for=condition=Established",
+            "--timeout=60s",
+            "crd/shardsets.lanekeeper.io",
+            "crd/dedicatedlanes.lanekeeper.io",
+        ]);
+    });
+    cp
+}
+
+fn retry<T>(what: &str, timeout: Duration, mut f: impl FnMut() -> Result<T, String>) -> T {
+    let deadline = Instant::now() + timeout;
+    loop {
+        match f() {
+            Ok(v) => return v,
+            Err(e) if Instant::now() > deadline => panic!("{what}: {e}"),
+            Err(_) => std::thread::sleep(Duration::from_millis(250)),
+        }
+    }
+}
+
+#[test]
+fn crds_become_established_and_serve_names() {
+    let cp = cluster();
+    let names = cp.kubectl_ok(&["api-resources", "--api-group=lanekeeper.io", "-o", "wide"]);
+    assert!(
+        names.contains("shardsets") && names.contains("shs"),
+        "{names}"
+    );
+    assert!(
+        names.contains("dedicatedlanes") && names.contains("dl"),
+        "{names}"
+    );
+    assert!(names.contains("lanekeeper"), "category missing: {names}");
+}
+
+#[test]
+fn samples_apply_and_printer_columns_show() {
+    let cp = cluster();
+    let ns = cp.namespace("samples");
+    cp.kubectl_ok(&["apply", "-n", &ns, "-f", &repo("config/samples/")]);
+
+    // The controller is not running here; write the status it would, through the status subresource.
+    cp.kubectl_ok(&[
+        "patch", "-n", &ns, "shardset", "webhooks", "--subresource=status", "--type=merge", "-p",
+        r#"{"status":{"observedGeneration":1,"shardsDesired":16,"shardsReady":15,"readySummary":"15/16","lanesUsed":1,"lanesMax":8,"laneSummary":"1/8","skewRatio":1.37,
+            "conditions":[{"type":"Ready","status":"False","reason":"ShardsUnavailable","message":"15 of 16 shards available","lastTransitionTime":"2026-01-01T00:00:00Z","observedGeneration":1}]}}"#,
+    ]);
+    cp.kubectl_ok(&[
+        "patch", "-n", &ns, "dedicatedlane", "webhooks-bigimport", "--subresource=status", "--type=merge", "-p",
+        r#"{"status":{"phase":"Draining","laneIndex":3,"heldEnvelopes":42,
+            "conditions":[{"type":"Ready","status":"False","reason":"Relocating","message":"draining shard-07","lastTransitionTime":"2026-01-01T00:00:00Z"}]}}"#,
+    ]);
+
+    let shs = cp.kubectl_ok(&["get", "-n", &ns, "shs"]);
+    let header: Vec<&str> = shs.lines().next().unwrap().split_whitespace().collect();
+    assert_eq!(
+        header,
+        ["NAME", "SHARDS", "READY", "LANES", "SKEW", "STATUS", "AGE"],
+        "{shs}"
+    );
+    let row: Vec<&str> = shs.lines().nth(1).unwrap().split_whitespace().collect();
+    assert_eq!(
+        &row[..6],
+        ["webhooks", "16", "15/16", "1/8", "1.37", "False"],
+        "{shs}"
+    );
+
+    let dl = cp.kubectl_ok(&["get", "-n", &ns, "dl"]);
+    let header: Vec<&str> = dl.lines().next().unwrap().split_whitespace().collect();
+    assert_eq!(
+        header,
+        ["NAME", "TENANT", "LANE", "PHASE", "READY", "AGE"],
+        "{dl}"
+    );
+    let row: Vec<&str> = dl.lines().nth(1).unwrap().split_whitespace().collect();
+    assert_eq!(
+        &row[..5],
+        [
+            "webhooks-bigimport",
+            "bigimport-corp",
+            "3",
+            "Draining",
+            "False"
+        ],
+        "{dl}"
+    );
+
+    // The incident view: both kinds through the category, and the wide columns.
+    let all = cp.kubectl_ok(&["get", "-n", &ns, "lanekeeper"]);
+    assert!(all.contains("shardset.lanekeeper.io/webhooks"), "{all}");
+    assert!(
+        all.contains("dedicatedlane.lanekeeper.io/webhooks-bigimport"),
+        "{all}"
+    );
+    let wide = cp.kubectl_ok(&["get", "-n", &ns, "dl", "-o", "wide"]);
+    assert!(wide.lines().next().unwrap().contains("HELD"), "{wide}");
+    assert!(wide.contains("42"), "{wide}");
+}
+
+#[test]
+fn defaults_are_applied_by_the_api_server() {
+    let cp = cluster();
+    let ns = cp.namespace("defaults");
+    let minimal = r#"
+apiVersion: lanekeeper.io/v1alpha1
+kind: ShardSet
+metadata: {name: minimal}
+spec:
+  shards: 4
+  redis: {url: "redis://redis:6379/0"}
+  worker: {image: "lanekeeper:dev"}
+"#;
+    cp.kubectl_stdin(&["apply", "-n", &ns, "-f", "-"], minimal);
+    let json = cp.kubectl_ok(&["get", "-n", &ns, "shardset", "minimal", "-o", "json"]);
+    let obj: lanekeeper::crd::ShardSet = serde_json::from_str(&json).unwrap();
+    let spec = obj.spec;
+    assert_eq!(spec.scheduler.quantum_seconds, 2.0);
+    assert_eq!(spec.scheduler.max_in_flight_per_tenant, 8);
+    assert_eq!(spec.promotion.max_lanes, 8);
+    assert_eq!(spec.promotion.promote_share, 0.30);
+    assert_eq!(spec.promotion.demote_share, 0.10);
+    assert_eq!(
+        spec.promotion.promote_after,
+        std::time::Duration::from_secs(900)
+    );
+    assert_eq!(
+        spec.relocation.drain_timeout,
+        std::time::Duration::from_secs(120)
+    );
+    assert_eq!(spec.worker.concurrency, 16);
+}
+
+#[test]
+fn explain_documents_fields() {
+    let cp = cluster();
+    // The OpenAPI v3 document is published a moment after the CRD is Established.
+    let text = retry(
+        "kubectl explain shardset.spec.promotion",
+        Duration::from_secs(60),
+        || {
+            let out = cp
+                .kubectl()
+                .args(["explain", "shardset.spec.promotion"])
+                .output()
+                .unwrap();
+            let text = String::from_utf8_lossy(&out.stdout).into_owned();
+            if out.status.success() && text.contains("promoteShare") {
+                Ok(text)
+            } else {
+                Err(String::from_utf8_lossy(&out.stderr).into_owned())
+            }
+        },
+    );
+    assert!(
+        text.contains("When tenants are promoted to, and demoted from, dedicated lanes"),
+        "{text}"
+    );
+    assert!(text.contains("maxLanes"), "{text}");
+    assert!(
+        text.contains("Most dedicated lanes admitted at once"),
+        "{text}"
+    );
+
+    let field = cp.kubectl_ok(&["explain", "shardset.spec.relocation.drainTimeout"]);
+    assert!(
+        field.contains("Longest wait for a paused tenant"),
+        "{field}"
+    );
+    let lane = cp.kubectl_ok(&["explain", "dedicatedlane.status.phase"]);
+    assert!(lane.contains("Relocation phase"), "{lane}");
+}
+
+fn rejected(cp: &ControlPlane, ns: &str, manifest: &str) -> String {
+    let out = cp.kubectl_stdin_output(&["apply", "-n", ns, "-f", "-"], manifest);
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(
+        !out.status.success(),
+        "the API server accepted an invalid object:\n{manifest}"
+    );
+    stderr
+}
+
+#[test]
+fn invalid_shardset_is_rejected_with_cel_messages() {
+    let cp = cluster();
+    let ns = cp.namespace("invalid");
+    let err = rejected(
+        cp,
+        &ns,
+        r#"
+apiVersion: lanekeeper.io/v1alpha1
+kind: ShardSet
+metadata: {name: nonsense}
+spec:
+  shards: 0
+  redis: {url: "redis://redis:6379/0"}
+  worker: {image: "lanekeeper:dev"}
+  promotion: {promoteShare: 0.3, demoteShare: 0.5, maxLanes: 9}
+"#,
+    );
+    assert!(
+        err.contains("spec.shards") && err.contains("shards must be between 1 and 1024"),
+        "{err}"
+    );
+    assert!(
+        err.contains("spec.promotion.maxLanes")
+            && err.contains("promotion.maxLanes must be between 1 and 8"),
+        "{err}"
+    );
+    assert!(
+        err.contains("promotion.demoteShare must be less than promotion.promoteShare"),
+        "{err}"
+    );
+
+    let err = rejected(
+        cp,
+        &ns,
+        r#"
+apiVersion: lanekeeper.io/v1alpha1
+kind: ShardSet
+metadata: {name: durations}
+spec:
+  shards: 1025
+  redis: {url: "redis://user:secret@redis:6379/0", urlSecretRef: {name: r, key: url}}
+  worker: {image: "lanekeeper:dev", autoscaled: true, replicas: 3}
+  promotion: {promoteAfter: 0s, demoteAfter: "-5m"}
+  relocation: {drainTimeout: soon}
+  delivery: {initialBackoff: 2h, maxBackoff: 1h}
+"#,
+    );
+    for want in [
+        "shards must be between 1 and 1024",
+        "redis: set exactly one of url and urlSecretRef",
+        "redis.url must not carry credentials",
+        "worker.replicas must be omitted when worker.autoscaled is true",
+        "promotion.promoteAfter must be positive",
+        "promotion.demoteAfter must be a duration such as 60m",
+        "relocation.drainTimeout must be a duration such as 120s",
+        "delivery.initialBackoff must not exceed delivery.maxBackoff",
+    ] {
+        assert!(err.contains(want), "missing {want:?} in:\n{err}");
+    }
+    // Nothing was stored.
+    let list = cp.kubectl_ok(&["get", "-n", &ns, "shs", "-o", "name"]);
+    assert_eq!(list.trim(), "", "{list}");
+}
+
+#[test]
+fn invalid_dedicated_lane_is_rejected() {
+    let cp = cluster();
+    let ns = cp.namespace("badlane");
+    let err = rejected(
+        cp,
+        &ns,
+        r#"
+apiVersion: lanekeeper.io/v1alpha1
+kind: DedicatedLane
+metadata: {name: nobody}
+spec: {shardSet: webhooks, tenant: ""}
+"#,
+    );
+    assert!(
+        err.contains("spec.tenant") && err.contains("tenant must not be empty"),
+        "{err}"
+    );
+
+    let err = rejected(
+        cp,
+        &ns,
+        r#"
+apiVersion: lanekeeper.io/v1alpha1
+kind: DedicatedLane
+metadata: {name: spaces}
+spec: {shardSet: webhooks, tenant: "two words"}
+"#,
+    );
+    assert!(
+        err.contains("tenant must start with a letter or digit"),
+        "{err}"
+    );
+
+    // Tenant and shardSet are immutable once created.
+    cp.kubectl_stdin(
+        &["apply", "-n", &ns, "-f", "-"],
+        "apiVersion: lanekeeper.io/v1alpha1\nkind: DedicatedLane\nmetadata: {name: whale}\nspec: {shardSet: webhooks, tenant: whale-1}\n",
+    );
+    let err = rejected(
+        cp,
+        &ns,
+        "apiVersion: lanekeeper.io/v1alpha1\nkind: DedicatedLane\nmetadata: {name: whale}\nspec: {shardSet: webhooks, tenant: whale-2}\n",
+    );
+    assert!(err.contains("tenant is immutable"), "{err}");
+}
+
+#[tokio::test]
+async fn typed_client_round_trips_both_kinds() {
+    use kube::api::{Api, PostParams};
+    use lanekeeper::crd::{DedicatedLane, DedicatedLaneSpec};
+    let cp = cluster();
+    let ns = cp.namespace("typed");
+    let client = cp.client().await;
+    let lanes: Api<DedicatedLane> = Api::namespaced(client, &ns);
+    let lane = DedicatedLane::new(
+        "typed",
+        DedicatedLaneSpec {
+            shard_set: "webhooks".into(),
+            tenant: "tenant-a".into(),
+            worker: None,
+            retire: false,
+        },
+    );
+    let created = lanes.create(&PostParams::default(), &lane).await.unwrap();
+    assert_eq!(created.spec, lane.spec);
+    let fetched = lanes.get("typed").await.unwrap();
+    assert_eq!(fetched.spec.tenant, "tenant-a");
+}

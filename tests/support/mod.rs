@@ -1,0 +1,8 @@
+//! Test support: real servers started on free loopback ports for the life of
+//! one test binary. Each test binary compiles this module on its own and uses
+//! only part of it.
+#![allow(dead_code)]
+
+pub mod controlplane;
+pub mod process;
+pub mod redis;

@@ -1,0 +1,183 @@
+//! Child processes that live as long as the test binary and no longer.
+//!
+//! Servers are spawned from one long-lived thread with `PR_SET_PDEATHSIG`, so
+//! the kernel kills them if the test binary dies (even by SIGKILL; the signal
+//! follows the *thread* that spawned them, hence the dedicated thread). On a
+//! normal exit, passed or failed, an `atexit` hook stops them and removes
+//! their scratch directories.
+
+use std::net::TcpListener;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::sync::{Mutex, Once, OnceLock};
+use std::time::{Duration, Instant};
+
+static CHILDREN: Mutex<Vec<Child>> = Mutex::new(Vec::new());
+static SCRATCH: Mutex<Vec<PathBuf>> = Mutex::new(Vec::new());
+static HOOK: Once = Once::new();
+
+type Job = Box<dyn FnOnce() + Send>;
+static SPAWNER: OnceLock<Mutex<mpsc::Sender<Job>>> = OnceLock::new();
+
+extern "C" fn cleanup_at_exit() {
+    stop_all();
+}
+
+/// Stop every server this binary started and remove their scratch directories.
+pub fn stop_all() {
+    let mut children = CHILDREN.lock().unwrap_or_else(|e| e.into_inner());
+    for child in children.iter() {
+        // SIGTERM first so etcd and the API server shut down cleanly.
+        unsafe { libc::kill(child.id() as libc::pid_t, libc::SIGTERM) };
+    }
+    let deadline = Instant::now() + Duration::from_secs(5);
+    for child in children.iter_mut() {
+        while Instant::now() < deadline {
+            if let Ok(Some(_)) = child.try_wait() {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let _ = child.kill();
+        let _ = child.wait();
+    }
+    children.clear();
+    for dir in SCRATCH.lock().unwrap_or_else(|e| e.into_inner()).drain(..) {
+        let _ = std::fs::remove_dir_all(dir);
+    }
+}
+
+fn install_hook() {
+    HOOK.call_once(|| unsafe {
+        libc::atexit(cleanup_at_exit);
+    });
+}
+
+/// Run `job` on the spawner thread, which lives as long as the process.
+fn on_spawner<T: Send + 'static>(job: impl FnOnce() -> T + Send + 'static) -> T {
+    let sender = SPAWNER.get_or_init(|| {
+        let (tx, rx) = mpsc::channel::<Job>();
+        std::thread::Builder::new()
+            .name("test-server-spawner".into())
+            .spawn(move || {
+                for job in rx {
+                    job();
+                }
+                // The sender lives in a static, so this loop never ends.
+            })
+            .expect("spawn the test-server spawner thread");
+        Mutex::new(tx)
+    });
+    let (tx, rx) = mpsc::channel();
+    sender
+        .lock()
+        .unwrap()
+        .send(Box::new(move || {
+            let _ = tx.send(job());
+        }))
+        .expect("spawner thread is alive");
+    rx.recv().expect("spawner thread answered")
+}
+
+/// A fresh scratch directory, removed when the test binary exits.
+pub fn scratch_dir(prefix: &str) -> PathBuf {
+    install_hook();
+    let dir = tempfile::Builder::new()
+        .prefix(&format!("lanekeeper-{prefix}-"))
+        .tempdir()
+        .expect("create a scratch directory")
+        .keep();
+    SCRATCH.lock().unwrap().push(dir.clone());
+    dir
+}
+
+/// Start a long-running server with its output in `log`. It is stopped when
+/// the test binary exits, however it exits.
+pub fn spawn_server(mut cmd: Command, log: &Path) -> u32 {
+    install_hook();
+    let out = std::fs::File::create(log).expect("create server log");
+    let err = out.try_clone().expect("clone log handle");
+    cmd.stdin(Stdio::null()).stdout(out).stderr(err);
+    unsafe {
+        cmd.pre_exec(|| {
+            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    let program = format!("{:?}", cmd.get_program());
+    let child =
+        on_spawner(move || cmd.spawn()).unwrap_or_else(|e| panic!("cannot start {program}: {e}"));
+    let pid = child.id();
+    CHILDREN.lock().unwrap().push(child);
+    pid
+}
+
+/// True while the server with this pid is still running.
+pub fn is_running(pid: u32) -> bool {
+    let mut children = CHILDREN.lock().unwrap();
+    children
+        .iter_mut()
+        .find(|c| c.id() == pid)
+        .is_some_and(|c| matches!(c.try_wait(), Ok(None)))
+}
+
+/// A loopback port that was free a moment ago.
+pub fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("bind an ephemeral loopback port")
+}
+
+/// The last lines of a log, for failure messages.
+pub fn tail(log: &Path, lines: usize) -> String {
+    let text = std::fs::read_to_string(log).unwrap_or_default();
+    let all: Vec<&str> = text.lines().collect();
+    all[all.len().saturating_sub(lines)..].join("\n")
+}
+
+/// Poll `ready` until it holds, or panic with `what` and the log's tail.
+pub fn wait_until(
+    what: &str,
+    timeout: Duration,
+    log: &Path,
+    pid: u32,
+    mut ready: impl FnMut() -> bool,
+) {
+    let deadline = Instant::now() + timeout;
+    loop {
+        if ready() {
+            return;
+        }
+        if !is_running(pid) {
+            panic!(
+                "{what}: the process exited; last lines of {}:\n{}",
+                log.display(),
+                tail(log, 40)
+            );
+        }
+        if Instant::now() > deadline {
+            panic!(
+                "{what}: not ready after {timeout:?}; last lines of {}:\n{}",
+                log.display(),
+                tail(log, 40)
+            );
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// Find a program on PATH, or panic saying what to install.
+pub fn require_program(name: &str, install_hint: &str) -> PathBuf {
+    std::env::var_os("PATH")
+        .and_then(|paths| {
+            std::env::split_paths(&paths)
+                .map(|p| p.join(name))
+                .find(|p| p.is_file())
+        })
+        .unwrap_or_else(|| panic!("`{name}` is not on PATH; {install_hint}"))
+}
