@@ -3,3 +3,8 @@
 //! webhooks. See `docs/architecture.md` for the module map.
 
 pub mod crd;
+pub mod envelope;
+pub mod producer;
+pub mod routing;
+pub mod scheduler;
+pub mod store;

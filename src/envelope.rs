@@ -1,0 +1,116 @@
+//! The unit of delivery: one webhook for one tenant, and the checks it must
+//! pass before anything stores it.
+
+use serde::{Deserialize, Serialize};
+
+/// Longest tenant id, in bytes.
+pub const MAX_TENANT_BYTES: usize = 256;
+/// Longest envelope id, in bytes.
+pub const MAX_ID_BYTES: usize = 128;
+
+/// One webhook on its way to one tenant's endpoint.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Envelope {
+    /// Unique id; also the idempotency key (the same id twice is stored once).
+    pub id: String,
+    /// The tenant whose webhook this is; routing and fairness are per tenant.
+    pub tenant: String,
+    /// The tenant's endpoint to deliver to, by name.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub endpoint: Option<String>,
+    /// Event type, e.g. `user.password_reset`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub event_type: Option<String>,
+    /// The webhook body.
+    pub payload: serde_json::Value,
+}
+
+/// Why an envelope was refused, naming the field.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{field}: {reason}")]
+pub struct InvalidEnvelope {
+    pub field: &'static str,
+    pub reason: String,
+}
+
+fn invalid(field: &'static str, reason: impl Into<String>) -> InvalidEnvelope {
+    InvalidEnvelope {
+        field,
+        reason: reason.into(),
+    }
+}
+
+/// Check a tenant id: non-empty, at most 256 bytes, no control characters.
+pub fn validate_tenant(tenant: &str) -> Result<(), InvalidEnvelope> {
+    if tenant.is_empty() {
+        return Err(invalid("tenant", "must not be empty"));
+    }
+    if tenant.len() > MAX_TENANT_BYTES {
+        return Err(invalid(
+            "tenant",
+            format!("is {} bytes; the limit is {MAX_TENANT_BYTES}", tenant.len()),
+        ));
+    }
+    if let Some(c) = tenant.chars().find(|c| c.is_control()) {
+        return Err(invalid("tenant", format!("contains the control character {c:?}")));
+    }
+    Ok(())
+}
+
+impl Envelope {
+    /// Check the envelope before it is stored.
+    pub fn validate(&self) -> Result<(), InvalidEnvelope> {
+        validate_tenant(&self.tenant)?;
+        if self.id.is_empty() {
+            return Err(invalid("id", "must not be empty"));
+        }
+        if self.id.len() > MAX_ID_BYTES {
+            return Err(invalid(
+                "id",
+                format!("is {} bytes; the limit is {MAX_ID_BYTES}", self.id.len()),
+            ));
+        }
+        if let Some(c) = self.id.chars().find(|c| c.is_control() || c.is_whitespace()) {
+            return Err(invalid("id", format!("contains {c:?}; use printable characters without spaces")));
+        }
+        Ok(())
+    }
+
+    /// A fresh random id, for producers that bring none.
+    pub fn new_id() -> String {
+        use rand::Rng;
+        let n: u128 = rand::rng().random();
+        format!("msg_{n:032x}")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn env(tenant: &str, id: &str) -> Envelope {
+        Envelope {
+            id: id.into(),
+            tenant: tenant.into(),
+            endpoint: None,
+            event_type: None,
+            payload: serde_json::json!({}),
+        }
+    }
+
+    #[test]
+    fn rejects_bad_tenants_naming_the_field() {
+        assert_eq!(env("", "a").validate().unwrap_err().to_string(), "tenant: must not be empty");
+        let long = "t".repeat(257);
+        assert!(env(&long, "a").validate().unwrap_err().to_string().contains("257 bytes"));
+        assert!(env("a\nb", "a").validate().unwrap_err().to_string().contains("control character"));
+        assert!(env(&"t".repeat(256), "a").validate().is_ok());
+    }
+
+    #[test]
+    fn rejects_bad_ids() {
+        assert_eq!(env("t", "").validate().unwrap_err().field, "id");
+        assert_eq!(env("t", "a b").validate().unwrap_err().field, "id");
+        assert!(env("t", &Envelope::new_id()).validate().is_ok());
+    }
+}

@@ -1,0 +1,150 @@
+-- Shared prelude of every per-queue script. KEYS[1] is the queue prefix,
+-- `lk:{<namespace>/<set>/<queue>}`: every key below starts with it, so all
+-- keys of a queue share one hash tag and each script touches one slot.
+--
+--   P:conf            HASH  quantum, cap, ordered, weight, est0, maxatt, idttl
+--   P:weights         HASH  tenant -> weight
+--   P:ring            LIST  active tenants, DRR order (head is served)
+--   P:t:<tenant>      HASH  d deficit (worker-s), f in flight, r in ring, k parked at cap,
+--                           e estimate (s), p paused, m moved-to queue, w delayed, h held
+--   P:q:<tenant>      LIST  the tenant's lane: envelope ids, head first
+--   P:h:<tenant>      LIST  hold buffer while paused
+--   P:e:<id>          HASH  t tenant, s seq, a attempts, p payload, n enqueued ms,
+--                           l lease token, c charged s, at leased ms, x holds slot
+--   P:id:<id>         STRING idempotency marker (expires after idttl seconds)
+--   P:seq             STRING enqueue sequence
+--   P:leases          ZSET  id -> lease deadline ms
+--   P:delayed         ZSET  id -> retry due ms
+--   P:dead            LIST  dead letters (JSON)
+--   P:depth           HASH  tenant -> outstanding (queued, held, delayed, in flight)
+--   P:delivered       HASH  tenant -> delivered count
+--   P:failed          HASH  tenant -> dead-lettered count
+--   P:ws:<bucket>     HASH  tenant -> worker-seconds in a 10 s bucket (expires)
+local P = KEYS[1]
+local RING = P .. ':ring'
+local LEASES = P .. ':leases'
+local DELAYED = P .. ':delayed'
+
+local function now_ms()
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
+
+local function tkey(t) return P .. ':t:' .. t end
+local function lane(t) return P .. ':q:' .. t end
+local function hold(t) return P .. ':h:' .. t end
+local function ekey(id) return P .. ':e:' .. id end
+
+local CONF = redis.call('HMGET', P .. ':conf', 'quantum', 'cap', 'ordered', 'weight', 'est0', 'maxatt', 'idttl')
+local QUANTUM = tonumber(CONF[1]) or 2.0
+local ORDERED = CONF[3] == '1'
+local CAP = ORDERED and 1 or (tonumber(CONF[2]) or 8)
+local DEFAULT_WEIGHT = tonumber(CONF[4]) or 1.0
+local EST0 = tonumber(CONF[5]) or 1.0
+local MAX_ATTEMPTS = tonumber(CONF[6]) or 10
+local ID_TTL = tonumber(CONF[7]) or 86400
+
+local function weight(t)
+  return tonumber(redis.call('HGET', P .. ':weights', t)) or DEFAULT_WEIGHT
+end
+
+-- Put a tenant with queued work on the ring, unless it is there already or parked at its cap.
+local function activate(t)
+  local tk = tkey(t)
+  local st = redis.call('HMGET', tk, 'r', 'k')
+  if st[1] == '1' or st[2] == '1' then return end
+  if redis.call('LLEN', lane(t)) == 0 then return end
+  redis.call('RPUSH', RING, t)
+  redis.call('HSET', tk, 'r', 1)
+end
+
+-- Free one in-flight slot; a tenant parked at its cap rejoins the ring if it has work.
+local function release(t)
+  local tk = tkey(t)
+  local f = redis.call('HINCRBY', tk, 'f', -1)
+  if f < 0 then redis.call('HSET', tk, 'f', 0); f = 0 end
+  if redis.call('HGET', tk, 'k') == '1' and f < CAP then
+    redis.call('HSET', tk, 'k', 0)
+    activate(t)
+  end
+end
+
+-- Settle the worker-seconds actually used against the estimate charged at lease.
+local function settle(t, charged, actual, now)
+  local tk = tkey(t)
+  local e = tonumber(redis.call('HGET', tk, 'e')) or EST0
+  redis.call('HINCRBYFLOAT', tk, 'd', charged - actual)
+  redis.call('HSET', tk, 'e', e + 0.3 * (actual - e))
+  local bucket = P .. ':ws:' .. math.floor(now / 10000)
+  redis.call('HINCRBYFLOAT', bucket, t, actual)
+  redis.call('EXPIRE', bucket, 7200)
+end
+
+local function depth_down(t)
+  if redis.call('HINCRBY', P .. ':depth', t, -1) <= 0 then redis.call('HDEL', P .. ':depth', t) end
+end
+
+local function dead_letter(id, t, attempts, cause, now, payload)
+  redis.call('RPUSH', P .. ':dead', cjson.encode({
+    id = id, tenant = t, attempts = attempts, cause = cause, at = now, envelope = payload or '' }))
+  redis.call('DEL', ekey(id))
+  depth_down(t)
+  redis.call('HINCRBY', P .. ':failed', t, 1)
+end
+
+-- Return envelopes to the head of their tenants' lanes in original (seq) order.
+-- `items` is a list of {tenant, seq, id}.
+local function return_to_head(items)
+  table.sort(items, function(a, b) return a[2] > b[2] end)
+  local touched = {}
+  for _, it in ipairs(items) do
+    redis.call('LPUSH', lane(it[1]), it[3])
+    touched[it[1]] = true
+  end
+  for t, _ in pairs(touched) do activate(t) end
+end
+
+-- Move due retries back to the head of their lanes.
+local function promote_due(now, limit)
+  local ids = redis.call('ZRANGEBYSCORE', DELAYED, '-inf', now, 'LIMIT', 0, limit)
+  local items = {}
+  for _, id in ipairs(ids) do
+    redis.call('ZREM', DELAYED, id)
+    local m = redis.call('HMGET', ekey(id), 't', 's', 'x')
+    if m[1] then
+      redis.call('HINCRBY', tkey(m[1]), 'w', -1)
+      items[#items + 1] = { m[1], tonumber(m[2]), id }
+      if m[3] == '1' then
+        redis.call('HDEL', ekey(id), 'x')
+        release(m[1])
+      end
+    end
+  end
+  return_to_head(items)
+  return #ids
+end
+
+-- Return expired leases to the head of their lanes; a worker that died loses nothing.
+local function reap(now, limit)
+  local ids = redis.call('ZRANGEBYSCORE', LEASES, '-inf', now, 'LIMIT', 0, limit)
+  local items = {}
+  for _, id in ipairs(ids) do
+    redis.call('ZREM', LEASES, id)
+    local ek = ekey(id)
+    local m = redis.call('HMGET', ek, 't', 's', 'c', 'at', 'p')
+    if m[1] then
+      local t = m[1]
+      settle(t, tonumber(m[3]) or 0, (now - (tonumber(m[4]) or now)) / 1000, now)
+      local a = redis.call('HINCRBY', ek, 'a', 1)
+      redis.call('HDEL', ek, 'l', 'c', 'at')
+      if a >= MAX_ATTEMPTS then
+        dead_letter(id, t, a, 'lease expired ' .. a .. ' times without an ack (worker died or hung)', now, m[5])
+      else
+        items[#items + 1] = { t, tonumber(m[2]), id }
+      end
+      release(t)
+    end
+  end
+  return_to_head(items)
+  return #ids
+end

@@ -1,0 +1,65 @@
+-- ARGV: lease_ms, worker, budget.
+-- Returns {'LEASED', id, tenant, payload, attempts, seq, token, deadline_ms, enqueued_ms}
+--       | {'EMPTY', wait_ms} (nothing eligible; wait_ms until the next retry or lease deadline is due)
+--       | {'AGAIN'} (the scan budget ran out while crediting tenants; call again at once).
+local lease_ms, worker, budget = tonumber(ARGV[1]), ARGV[2], tonumber(ARGV[3])
+local now = now_ms()
+promote_due(now, 32)
+reap(now, 32)
+
+-- After a lease or a skip, put the head tenant where it belongs.
+local function reposition(t, tk, d, f)
+  if redis.call('LLEN', lane(t)) == 0 then
+    -- idle: leaves the ring and keeps no credit (debt stays)
+    redis.call('LPOP', RING)
+    redis.call('HSET', tk, 'r', 0, 'd', math.min(d, 0))
+  elseif f >= CAP then
+    -- at its cap: parked off the ring until a slot frees, so it is not rescanned
+    redis.call('LPOP', RING)
+    redis.call('HSET', tk, 'r', 0, 'k', 1)
+  elseif d <= 0 then
+    -- turn over: next turn's quantum, to the tail
+    redis.call('LMOVE', RING, RING, 'LEFT', 'RIGHT')
+    redis.call('HSET', tk, 'd', d + QUANTUM * weight(t))
+  end
+end
+
+for _ = 1, budget do
+  local t = redis.call('LINDEX', RING, 0)
+  if not t then
+    local wait = 1000
+    local due = redis.call('ZRANGE', DELAYED, 0, 0, 'WITHSCORES')
+    if due[2] then wait = math.min(wait, tonumber(due[2]) - now) end
+    local exp = redis.call('ZRANGE', LEASES, 0, 0, 'WITHSCORES')
+    if exp[2] then wait = math.min(wait, tonumber(exp[2]) - now) end
+    return { 'EMPTY', math.max(wait, 1) }
+  end
+  local tk = tkey(t)
+  local st = redis.call('HMGET', tk, 'd', 'f', 'e')
+  local d, f, e = tonumber(st[1]) or 0, tonumber(st[2]) or 0, tonumber(st[3]) or EST0
+  if d > 0 and f < CAP and redis.call('LLEN', lane(t)) > 0 then
+    local id = redis.call('LPOP', lane(t))
+    local ek = ekey(id)
+    local env = redis.call('HMGET', ek, 'p', 'a', 's', 'n')
+    if not env[1] then
+      -- an id without its record cannot be delivered; say so instead of dropping it silently
+      redis.call('RPUSH', P .. ':dead', cjson.encode({ id = id, tenant = t, attempts = 0,
+        cause = 'envelope record missing from the queue', at = now, envelope = '' }))
+      depth_down(t)
+      reposition(t, tk, d, f)
+    else
+      local token = worker .. ':' .. redis.call('INCR', P .. ':ltok')
+      local deadline = now + lease_ms
+      redis.call('HSET', ek, 'l', token, 'c', e, 'at', now)
+      redis.call('ZADD', LEASES, deadline, id)
+      d = d - e
+      f = f + 1
+      redis.call('HSET', tk, 'd', d, 'f', f)
+      reposition(t, tk, d, f)
+      return { 'LEASED', id, t, env[1], env[2], env[3], token, deadline, env[4] }
+    end
+  else
+    reposition(t, tk, d, f)
+  end
+end
+return { 'AGAIN' }

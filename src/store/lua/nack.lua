@@ -1,0 +1,29 @@
+-- ARGV: id, token, elapsed_s, delay_ms, dead (0|1), cause.
+-- Returns {'RETRY', attempts, due_ms} | {'DEAD', attempts} | {'STALE'}.
+-- A retry waits in the delayed set; in PerTenant ordering it keeps the
+-- tenant's only slot, so later envelopes of that tenant wait behind it.
+local id, token, elapsed = ARGV[1], ARGV[2], tonumber(ARGV[3])
+local delay, dead, cause = tonumber(ARGV[4]), ARGV[5] == '1', ARGV[6]
+local ek = ekey(id)
+local m = redis.call('HMGET', ek, 't', 'l', 'c', 'p')
+if not m[1] or m[2] ~= token then return { 'STALE' } end
+local t = m[1]
+local now = now_ms()
+redis.call('ZREM', LEASES, id)
+settle(t, tonumber(m[3]) or 0, elapsed, now)
+local a = redis.call('HINCRBY', ek, 'a', 1)
+redis.call('HDEL', ek, 'l', 'c', 'at')
+if dead or a >= MAX_ATTEMPTS then
+  dead_letter(id, t, a, cause, now, m[4])
+  release(t)
+  return { 'DEAD', a }
+end
+local due = now + delay
+redis.call('ZADD', DELAYED, due, id)
+redis.call('HINCRBY', tkey(t), 'w', 1)
+if ORDERED then
+  redis.call('HSET', ek, 'x', 1)
+else
+  release(t)
+end
+return { 'RETRY', a, due }

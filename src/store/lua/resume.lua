@@ -1,0 +1,21 @@
+-- ARGV: tenant, limit. Appends the hold buffer to the lane in order and
+-- unpauses. A long buffer is moved in steps of `limit` (the tenant stays
+-- paused meanwhile, so order holds): returns {'MORE', moved} until {'DONE', moved}.
+local t, limit = ARGV[1], tonumber(ARGV[2])
+local tk = tkey(t)
+local h, q = hold(t), lane(t)
+local moved = 0
+if redis.call('EXISTS', h) == 1 and redis.call('LLEN', q) == 0 then
+  moved = redis.call('LLEN', h)
+  redis.call('RENAME', h, q)
+else
+  while moved < limit and redis.call('LMOVE', h, q, 'LEFT', 'RIGHT') do moved = moved + 1 end
+  if redis.call('LLEN', h) > 0 then
+    redis.call('HINCRBY', tk, 'h', -moved)
+    return { 'MORE', moved }
+  end
+end
+redis.call('HSET', tk, 'p', 0, 'h', 0)
+redis.call('HDEL', tk, 'm')
+activate(t)
+return { 'DONE', moved }

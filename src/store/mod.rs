@@ -1,0 +1,749 @@
+//! Every Redis key and Lua script of lanekeeper, and nothing else.
+//!
+//! Each operation on a queue (enqueue, lease, ack, nack, reap, pause, resume,
+//! move) is one script call: one round trip, atomic. All keys of a queue
+//! share the hash tag `{<namespace>/<set>/<queue>}`, so every script touches
+//! one slot and runs on Redis Cluster. The key layout is documented at the
+//! top of `lua/common.lua`. The routing table of a set lives under its own
+//! tag, `lk:{<namespace>/<set>}:routing`.
+//!
+//! Steps that span two queues (moving a hold buffer) are sequences of
+//! single-queue scripts, each idempotent, so a mover that dies halfway can
+//! run the whole step again.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::sync::LazyLock;
+use std::time::Duration;
+
+use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use redis::{Script, Value};
+
+use crate::envelope::{Envelope, InvalidEnvelope};
+use crate::routing::{QueueId, RoutingTable};
+use crate::scheduler::QueuePolicy;
+
+/// Bucket width of the worker-seconds window, in seconds (see `settle` in common.lua).
+pub const WORKER_SECONDS_BUCKET: u64 = 10;
+
+/// A ShardSet's identity in Redis: `<namespace>/<name>`.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct SetId {
+    pub namespace: String,
+    pub name: String,
+}
+
+impl SetId {
+    pub fn new(namespace: impl Into<String>, name: impl Into<String>) -> Self {
+        Self {
+            namespace: namespace.into(),
+            name: name.into(),
+        }
+    }
+}
+
+impl fmt::Display for SetId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}/{}", self.namespace, self.name)
+    }
+}
+
+impl std::str::FromStr for SetId {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s.split_once('/') {
+            Some((ns, name)) if !ns.is_empty() && !name.is_empty() && !name.contains('/') => Ok(SetId::new(ns, name)),
+            _ => Err(format!("{s:?}: expected <namespace>/<name>")),
+        }
+    }
+}
+
+/// What went wrong talking to Redis.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    #[error("redis did not answer within the timeout: {0}")]
+    Timeout(#[source] redis::RedisError),
+    #[error("redis: {0}")]
+    Redis(#[source] redis::RedisError),
+    #[error(transparent)]
+    Invalid(#[from] InvalidEnvelope),
+    #[error("unexpected reply from the {script} script: {detail}")]
+    Protocol { script: &'static str, detail: String },
+}
+
+impl From<redis::RedisError> for StoreError {
+    fn from(e: redis::RedisError) -> Self {
+        if e.is_timeout() {
+            StoreError::Timeout(e)
+        } else {
+            StoreError::Redis(e)
+        }
+    }
+}
+
+pub type Result<T, E = StoreError> = std::result::Result<T, E>;
+
+/// Where an envelope went.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum EnqueueOutcome {
+    /// On the tenant's lane, with its sequence number in the queue.
+    Queued { seq: u64 },
+    /// In the tenant's hold buffer: the tenant is paused here while it moves.
+    Held { seq: u64 },
+    /// This id was stored before; nothing changed.
+    Duplicate,
+    /// The tenant has moved to another queue: refresh routing and retry there.
+    Moved(QueueId),
+}
+
+/// An envelope leased to a worker until `deadline_ms`.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Lease {
+    pub queue: QueueId,
+    pub id: String,
+    pub tenant: String,
+    /// The stored envelope, as enqueued. Decode with [`Lease::envelope`].
+    pub payload: String,
+    /// Attempts before this one.
+    pub attempts: u32,
+    /// Sequence number in this queue.
+    pub seq: u64,
+    pub token: String,
+    pub deadline_ms: u64,
+    pub enqueued_ms: u64,
+}
+
+impl Lease {
+    /// Decode the stored envelope; a corrupt record is an error to dead-letter.
+    pub fn envelope(&self) -> Result<Envelope, serde_json::Error> {
+        serde_json::from_str(&self.payload)
+    }
+}
+
+/// The answer to a lease request.
+#[derive(Clone, Debug, PartialEq)]
+pub enum LeaseOutcome {
+    Leased(Lease),
+    /// Nothing is eligible; look again after this long at the latest (the next
+    /// retry or lease deadline falls due then; new work may come sooner).
+    Empty { retry_after: Duration },
+    /// The scan budget ran out while crediting tenants; ask again at once.
+    Again,
+}
+
+/// What happened to a failed delivery.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum NackOutcome {
+    /// Back in the delayed set, due at `due_ms`.
+    Retry { attempts: u32, due_ms: u64 },
+    /// On the dead-letter list.
+    Dead { attempts: u32 },
+    /// The lease was gone already.
+    Stale,
+}
+
+/// A tenant's state in one queue, as the relocation phases need it.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct TenantQueueState {
+    pub queued: u64,
+    pub in_flight: u64,
+    pub delayed: u64,
+    pub held: u64,
+    pub paused: bool,
+    pub moved_to: Option<QueueId>,
+    pub depth: u64,
+}
+
+impl TenantQueueState {
+    /// Nothing of the tenant is queued, in flight or waiting to retry here.
+    pub fn drained(&self) -> bool {
+        self.queued == 0 && self.in_flight == 0 && self.delayed == 0
+    }
+}
+
+/// One envelope on the dead-letter list.
+#[derive(Clone, Debug, PartialEq, serde::Deserialize)]
+pub struct DeadLetter {
+    pub id: String,
+    pub tenant: String,
+    pub attempts: u32,
+    pub cause: String,
+    pub at: u64,
+    /// The stored envelope (empty when its record was missing).
+    pub envelope: String,
+}
+
+/// Per-tenant attribution in one queue.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct TenantStats {
+    pub tenant: String,
+    /// Outstanding: queued, held, waiting to retry or in flight.
+    pub depth: u64,
+    pub delivered: u64,
+    pub failed: u64,
+    /// Worker-seconds consumed over the window asked for.
+    pub worker_seconds: f64,
+}
+
+struct Scripts {
+    enqueue: Script,
+    lease: Script,
+    ack: Script,
+    nack: Script,
+    maintain: Script,
+    pause: Script,
+    status: Script,
+    mark_moved: Script,
+    resume: Script,
+    export_hold: Script,
+    import: Script,
+    trim_hold: Script,
+    routing_update: Script,
+}
+
+const COMMON: &str = include_str!("lua/common.lua");
+
+fn queue_script(body: &str) -> Script {
+    Script::new(&format!("{COMMON}\n{body}"))
+}
+
+static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| Scripts {
+    enqueue: queue_script(include_str!("lua/enqueue.lua")),
+    lease: queue_script(include_str!("lua/lease.lua")),
+    ack: queue_script(include_str!("lua/ack.lua")),
+    nack: queue_script(include_str!("lua/nack.lua")),
+    maintain: queue_script(include_str!("lua/maintain.lua")),
+    pause: queue_script(include_str!("lua/pause.lua")),
+    status: queue_script(include_str!("lua/status.lua")),
+    mark_moved: queue_script(include_str!("lua/mark_moved.lua")),
+    resume: queue_script(include_str!("lua/resume.lua")),
+    export_hold: queue_script(include_str!("lua/export_hold.lua")),
+    import: queue_script(include_str!("lua/import.lua")),
+    trim_hold: queue_script(include_str!("lua/trim_hold.lua")),
+    routing_update: Script::new(include_str!("lua/routing_update.lua")),
+});
+
+/// Envelopes moved per step when a hold buffer changes queue.
+const MOVE_CHUNK: usize = 500;
+/// Tenants a lease may credit and rotate before it answers `Again`.
+const LEASE_SCAN_BUDGET: u32 = 256;
+
+/// A connection to the Redis of one ShardSet.
+#[derive(Clone)]
+pub struct Store {
+    conn: ConnectionManager,
+    set: SetId,
+}
+
+/// Connection tuning.
+#[derive(Clone, Debug)]
+pub struct ConnectOptions {
+    pub connect_timeout: Duration,
+    pub response_timeout: Duration,
+}
+
+impl Default for ConnectOptions {
+    fn default() -> Self {
+        Self {
+            connect_timeout: Duration::from_secs(5),
+            response_timeout: Duration::from_secs(5),
+        }
+    }
+}
+
+impl Store {
+    /// Connect to `url` for the set `set`. A Redis that is down or slow gives
+    /// a typed error, never a panic; the connection reconnects on its own.
+    pub async fn connect(url: &str, set: SetId, opts: ConnectOptions) -> Result<Self> {
+        let client = redis::Client::open(url)?;
+        let config = ConnectionManagerConfig::new()
+            .set_connection_timeout(Some(opts.connect_timeout))
+            .set_response_timeout(Some(opts.response_timeout))
+            .set_number_of_retries(2);
+        let conn = ConnectionManager::new_with_config(client, config).await?;
+        Ok(Self { conn, set })
+    }
+
+    pub fn set(&self) -> &SetId {
+        &self.set
+    }
+
+    /// The key prefix of a queue; its `{...}` is the queue's hash tag.
+    pub fn queue_prefix(&self, q: QueueId) -> String {
+        format!("lk:{{{}/{}/{q}}}", self.set.namespace, self.set.name)
+    }
+
+    fn routing_key(&self) -> String {
+        format!("lk:{{{}/{}}}:routing", self.set.namespace, self.set.name)
+    }
+
+    async fn run(&self, script: &Script, q: QueueId, args: &[&[u8]]) -> Result<Value> {
+        let mut inv = script.key(self.queue_prefix(q));
+        for a in args {
+            inv.arg(*a);
+        }
+        let mut conn = self.conn.clone();
+        Ok(inv.invoke_async(&mut conn).await?)
+    }
+
+    // ---- routing table -------------------------------------------------
+
+    /// Read the set's routing table.
+    pub async fn routing(&self) -> Result<RoutingTable> {
+        let mut conn = self.conn.clone();
+        let fields: BTreeMap<String, String> = redis::cmd("HGETALL")
+            .arg(self.routing_key())
+            .query_async(&mut conn)
+            .await?;
+        let mut table = RoutingTable::default();
+        for (k, v) in fields {
+            let bad = |detail: String| StoreError::Protocol {
+                script: "routing table",
+                detail,
+            };
+            match k.as_str() {
+                "shards" => table.shards = v.parse().map_err(|_| bad(format!("shards = {v:?}")))?,
+                "version" => table.version = v.parse().map_err(|_| bad(format!("version = {v:?}")))?,
+                _ => {
+                    if let Some(tenant) = k.strip_prefix("pin:") {
+                        let q = v.parse().map_err(|e| bad(format!("pin of {tenant}: {e}")))?;
+                        table.pins.insert(tenant.to_string(), q);
+                    }
+                }
+            }
+        }
+        Ok(table)
+    }
+
+    async fn routing_update(&self, op: &str, a: &str, b: &str) -> Result<u64> {
+        let mut conn = self.conn.clone();
+        let v: u64 = SCRIPTS
+            .routing_update
+            .key(self.routing_key())
+            .arg(op)
+            .arg(a)
+            .arg(b)
+            .invoke_async(&mut conn)
+            .await?;
+        Ok(v)
+    }
+
+    /// Set the shard count; returns the new version (unchanged if equal).
+    pub async fn set_shards(&self, shards: u16) -> Result<u64> {
+        self.routing_update("shards", &shards.to_string(), "").await
+    }
+
+    /// Pin a tenant to a queue; returns the new version.
+    pub async fn pin(&self, tenant: &str, q: QueueId) -> Result<u64> {
+        self.routing_update("pin", tenant, &q.to_string()).await
+    }
+
+    /// Remove a tenant's pin; returns the new version.
+    pub async fn unpin(&self, tenant: &str) -> Result<u64> {
+        self.routing_update("unpin", tenant, "").await
+    }
+
+    // ---- queue policy --------------------------------------------------
+
+    /// Write the fairness policy a queue's scripts read.
+    pub async fn configure_queue(&self, q: QueueId, policy: &QueuePolicy) -> Result<()> {
+        let p = self.queue_prefix(q);
+        let mut pipe = redis::pipe();
+        pipe.atomic()
+            .hset_multiple(
+                format!("{p}:conf"),
+                &[
+                    ("quantum", policy.quantum_seconds.to_string()),
+                    ("cap", policy.max_in_flight.to_string()),
+                    ("ordered", if policy.ordered { "1" } else { "0" }.to_string()),
+                    ("weight", policy.default_weight.to_string()),
+                    ("est0", policy.initial_estimate_seconds.to_string()),
+                    ("maxatt", policy.max_attempts.to_string()),
+                    ("idttl", policy.idempotency_window.as_secs().max(1).to_string()),
+                ],
+            )
+            .ignore()
+            .del(format!("{p}:weights"))
+            .ignore();
+        if !policy.weights.is_empty() {
+            let weights: Vec<(String, String)> = policy.weights.iter().map(|(t, w)| (t.clone(), w.to_string())).collect();
+            pipe.hset_multiple(format!("{p}:weights"), &weights).ignore();
+        }
+        let mut conn = self.conn.clone();
+        pipe.query_async::<()>(&mut conn).await?;
+        Ok(())
+    }
+
+    // ---- enqueue -------------------------------------------------------
+
+    /// Enqueue one envelope into `q` (one script call). The script decides,
+    /// atomically, whether it is queued, held (tenant paused) or refused with
+    /// MOVED (tenant gone); the caller routes, this does not.
+    pub async fn enqueue(&self, q: QueueId, env: &Envelope) -> Result<EnqueueOutcome> {
+        env.validate()?;
+        let payload = serde_json::to_vec(env).map_err(|e| StoreError::Protocol {
+            script: "enqueue",
+            detail: format!("cannot encode envelope: {e}"),
+        })?;
+        let v = self
+            .run(&SCRIPTS.enqueue, q, &[env.id.as_bytes(), env.tenant.as_bytes(), &payload])
+            .await?;
+        parse_enqueue(v)
+    }
+
+    /// Enqueue many envelopes into `q` in one pipeline (one round trip per
+    /// batch). Invalid envelopes get their error; the others are stored. Safe
+    /// to repeat: ids are idempotency keys.
+    pub async fn enqueue_batch(&self, q: QueueId, envs: &[Envelope]) -> Result<Vec<Result<EnqueueOutcome>>> {
+        let prefix = self.queue_prefix(q);
+        let script = &SCRIPTS.enqueue;
+        let mut results: Vec<Option<Result<EnqueueOutcome>>> = Vec::with_capacity(envs.len());
+        let mut pipe = redis::pipe();
+        let mut sent = Vec::new();
+        for (i, env) in envs.iter().enumerate() {
+            match env.validate() {
+                Err(e) => results.push(Some(Err(e.into()))),
+                Ok(()) => {
+                    let payload = serde_json::to_vec(env).unwrap_or_default();
+                    pipe.cmd("EVALSHA")
+                        .arg(script.get_hash())
+                        .arg(1)
+                        .arg(&prefix)
+                        .arg(&env.id)
+                        .arg(&env.tenant)
+                        .arg(payload);
+                    results.push(None);
+                    sent.push(i);
+                }
+            }
+        }
+        if sent.is_empty() {
+            return Ok(results.into_iter().map(|r| r.expect("set above")).collect());
+        }
+        let mut conn = self.conn.clone();
+        let replies: Vec<Value> = match pipe.query_async(&mut conn).await {
+            Ok(r) => r,
+            Err(e) if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) => {
+                script.load_async(&mut conn).await?;
+                pipe.query_async(&mut conn).await?
+            }
+            Err(e) => return Err(e.into()),
+        };
+        for (i, v) in sent.into_iter().zip(replies) {
+            results[i] = Some(parse_enqueue(v));
+        }
+        Ok(results.into_iter().map(|r| r.expect("every slot filled")).collect())
+    }
+
+    // ---- lease, ack, nack ----------------------------------------------
+
+    /// Lease the next envelope of `q` by deficit round robin (one script call).
+    pub async fn lease(&self, q: QueueId, worker: &str, lease_for: Duration) -> Result<LeaseOutcome> {
+        let ms = lease_for.as_millis().max(1).to_string();
+        let budget = LEASE_SCAN_BUDGET.to_string();
+        let v = self
+            .run(&SCRIPTS.lease, q, &[ms.as_bytes(), worker.as_bytes(), budget.as_bytes()])
+            .await?;
+        let items = array("lease", v)?;
+        match tag(&items).as_deref() {
+            Some("LEASED") if items.len() == 9 => Ok(LeaseOutcome::Leased(Lease {
+                queue: q,
+                id: string(&items[1]),
+                tenant: string(&items[2]),
+                payload: string(&items[3]),
+                attempts: int(&items[4]) as u32,
+                seq: int(&items[5]),
+                token: string(&items[6]),
+                deadline_ms: int(&items[7]),
+                enqueued_ms: int(&items[8]),
+            })),
+            Some("EMPTY") => Ok(LeaseOutcome::Empty {
+                retry_after: Duration::from_millis(items.get(1).map(int).unwrap_or(1000)),
+            }),
+            Some("AGAIN") => Ok(LeaseOutcome::Again),
+            _ => Err(StoreError::Protocol {
+                script: "lease",
+                detail: format!("{items:?}"),
+            }),
+        }
+    }
+
+    /// Acknowledge a delivery that took `elapsed`. Idempotent: a second ack,
+    /// or an ack for a lease that expired and moved on, returns false.
+    pub async fn ack(&self, lease: &Lease, elapsed: Duration) -> Result<bool> {
+        let secs = elapsed.as_secs_f64().to_string();
+        let v = self
+            .run(&SCRIPTS.ack, lease.queue, &[lease.id.as_bytes(), lease.token.as_bytes(), secs.as_bytes()])
+            .await?;
+        Ok(string(&v) == "OK")
+    }
+
+    /// Report a failed delivery. With `retry_in`, the envelope waits in the
+    /// delayed set and then returns to the head of its lane; with `None`, or
+    /// after the last attempt, it is dead-lettered with `cause`.
+    pub async fn nack(&self, lease: &Lease, elapsed: Duration, cause: &str, retry_in: Option<Duration>) -> Result<NackOutcome> {
+        let secs = elapsed.as_secs_f64().to_string();
+        let delay = retry_in.unwrap_or_default().as_millis().to_string();
+        let dead = if retry_in.is_none() { "1" } else { "0" };
+        let v = self
+            .run(
+                &SCRIPTS.nack,
+                lease.queue,
+                &[
+                    lease.id.as_bytes(),
+                    lease.token.as_bytes(),
+                    secs.as_bytes(),
+                    delay.as_bytes(),
+                    dead.as_bytes(),
+                    cause.as_bytes(),
+                ],
+            )
+            .await?;
+        let items = array("nack", v)?;
+        match tag(&items).as_deref() {
+            Some("RETRY") => Ok(NackOutcome::Retry {
+                attempts: items.get(1).map(int).unwrap_or(0) as u32,
+                due_ms: items.get(2).map(int).unwrap_or(0),
+            }),
+            Some("DEAD") => Ok(NackOutcome::Dead {
+                attempts: items.get(1).map(int).unwrap_or(0) as u32,
+            }),
+            Some("STALE") => Ok(NackOutcome::Stale),
+            _ => Err(StoreError::Protocol {
+                script: "nack",
+                detail: format!("{items:?}"),
+            }),
+        }
+    }
+
+    /// Promote due retries and reap expired leases, up to `limit` of each.
+    /// Returns (promoted, reaped). Leases do a little of this on every call;
+    /// workers also run it on a timer so an idle queue still recovers.
+    pub async fn maintain(&self, q: QueueId, limit: u32) -> Result<(u64, u64)> {
+        let v = self.run(&SCRIPTS.maintain, q, &[limit.to_string().as_bytes()]).await?;
+        let items = array("maintain", v)?;
+        Ok((items.first().map(int).unwrap_or(0), items.get(1).map(int).unwrap_or(0)))
+    }
+
+    // ---- relocation primitives -----------------------------------------
+
+    /// Pause `tenant` in `q`: its new envelopes go to the hold buffer.
+    pub async fn pause(&self, q: QueueId, tenant: &str) -> Result<()> {
+        self.run(&SCRIPTS.pause, q, &[tenant.as_bytes()]).await?;
+        Ok(())
+    }
+
+    /// The tenant's state in `q`: is it drained, paused, moved?
+    pub async fn tenant_state(&self, q: QueueId, tenant: &str) -> Result<TenantQueueState> {
+        let v = self.run(&SCRIPTS.status, q, &[tenant.as_bytes()]).await?;
+        let items = array("status", v)?;
+        if items.len() != 7 {
+            return Err(StoreError::Protocol {
+                script: "status",
+                detail: format!("{items:?}"),
+            });
+        }
+        let moved = string(&items[5]);
+        Ok(TenantQueueState {
+            queued: int(&items[0]),
+            in_flight: int(&items[1]),
+            delayed: int(&items[2]),
+            held: int(&items[3]),
+            paused: int(&items[4]) == 1,
+            moved_to: if moved.is_empty() { None } else { moved.parse().ok() },
+            depth: int(&items[6]),
+        })
+    }
+
+    /// Mark `tenant` as moved from `q` to `target`: enqueues into `q` answer
+    /// MOVED from now on. Refused (returns false) unless the tenant is paused
+    /// and drained in `q`.
+    pub async fn mark_moved(&self, q: QueueId, tenant: &str, target: QueueId) -> Result<bool> {
+        let v = self
+            .run(&SCRIPTS.mark_moved, q, &[tenant.as_bytes(), target.to_string().as_bytes()])
+            .await?;
+        let items = array("mark_moved", v)?;
+        Ok(tag(&items).as_deref() == Some("OK"))
+    }
+
+    /// Append the tenant's hold buffer in `q` to its lane, in order, and
+    /// unpause it there. Used on the target after a move, and on the source
+    /// when a drain is aborted. Returns the count moved.
+    pub async fn resume(&self, q: QueueId, tenant: &str) -> Result<u64> {
+        let mut total = 0;
+        loop {
+            let v = self
+                .run(&SCRIPTS.resume, q, &[tenant.as_bytes(), MOVE_CHUNK.to_string().as_bytes()])
+                .await?;
+            let items = array("resume", v)?;
+            total += items.get(1).map(int).unwrap_or(0);
+            match tag(&items).as_deref() {
+                Some("DONE") => return Ok(total),
+                Some("MORE") => continue,
+                _ => {
+                    return Err(StoreError::Protocol {
+                        script: "resume",
+                        detail: format!("{items:?}"),
+                    })
+                }
+            }
+        }
+    }
+
+    /// Move the tenant's hold buffer from `from` to the lane of `to`, in
+    /// order, in chunks. Each chunk is exported, imported (skipping ids `to`
+    /// has already seen) and then trimmed from `from`, so the move can be
+    /// repeated after a crash without loss or duplicates. Returns the count
+    /// appended to `to`.
+    pub async fn move_hold(&self, from: QueueId, to: QueueId, tenant: &str) -> Result<u64> {
+        let mut appended = 0;
+        loop {
+            let v = self
+                .run(&SCRIPTS.export_hold, from, &[tenant.as_bytes(), MOVE_CHUNK.to_string().as_bytes()])
+                .await?;
+            let items = array("export_hold", v)?;
+            if items.is_empty() {
+                return Ok(appended);
+            }
+            let mut import: Vec<Vec<u8>> = vec![tenant.as_bytes().to_vec()];
+            let mut ids: Vec<Vec<u8>> = vec![tenant.as_bytes().to_vec()];
+            for chunk in items.chunks(4) {
+                for v in chunk {
+                    import.push(bytes(v));
+                }
+                ids.push(bytes(&chunk[0]));
+            }
+            let import_refs: Vec<&[u8]> = import.iter().map(|v| v.as_slice()).collect();
+            let v = self.run(&SCRIPTS.import, to, &import_refs).await?;
+            appended += int(&v);
+            let id_refs: Vec<&[u8]> = ids.iter().map(|v| v.as_slice()).collect();
+            self.run(&SCRIPTS.trim_hold, from, &id_refs).await?;
+        }
+    }
+
+    // ---- attribution ---------------------------------------------------
+
+    /// Per-tenant depth, delivered, failed and worker-seconds over `window`
+    /// in `q`, largest worker-seconds first.
+    pub async fn tenant_stats(&self, q: QueueId, window: Duration) -> Result<Vec<TenantStats>> {
+        let p = self.queue_prefix(q);
+        let mut conn = self.conn.clone();
+        let now_ms: u64 = {
+            let (s, us): (u64, u64) = redis::cmd("TIME").query_async(&mut conn).await?;
+            s * 1000 + us / 1000
+        };
+        let newest = now_ms / (WORKER_SECONDS_BUCKET * 1000);
+        let buckets = window.as_secs().div_ceil(WORKER_SECONDS_BUCKET).max(1);
+        let mut pipe = redis::pipe();
+        pipe.hgetall(format!("{p}:depth"))
+            .hgetall(format!("{p}:delivered"))
+            .hgetall(format!("{p}:failed"));
+        for b in 0..buckets {
+            pipe.hgetall(format!("{p}:ws:{}", newest.saturating_sub(b)));
+        }
+        let replies: Vec<BTreeMap<String, String>> = pipe.query_async(&mut conn).await?;
+        let mut by_tenant: BTreeMap<String, TenantStats> = BTreeMap::new();
+        for (i, map) in replies.iter().enumerate() {
+            for (t, v) in map {
+                let s = by_tenant.entry(t.clone()).or_insert_with(|| TenantStats {
+                    tenant: t.clone(),
+                    ..Default::default()
+                });
+                match i {
+                    0 => s.depth = v.parse().unwrap_or(0),
+                    1 => s.delivered = v.parse().unwrap_or(0),
+                    2 => s.failed = v.parse().unwrap_or(0),
+                    _ => s.worker_seconds += v.parse::<f64>().unwrap_or(0.0),
+                }
+            }
+        }
+        let mut out: Vec<TenantStats> = by_tenant.into_values().collect();
+        out.sort_by(|a, b| b.worker_seconds.total_cmp(&a.worker_seconds).then(b.depth.cmp(&a.depth)));
+        Ok(out)
+    }
+
+    /// The newest `limit` dead letters of `q`, oldest first.
+    pub async fn dead_letters(&self, q: QueueId, limit: usize) -> Result<Vec<DeadLetter>> {
+        let mut conn = self.conn.clone();
+        let raw: Vec<String> = redis::cmd("LRANGE")
+            .arg(format!("{}:dead", self.queue_prefix(q)))
+            .arg(-(limit.max(1) as i64))
+            .arg(-1)
+            .query_async(&mut conn)
+            .await?;
+        raw.iter()
+            .map(|r| {
+                serde_json::from_str(r).map_err(|e| StoreError::Protocol {
+                    script: "dead letters",
+                    detail: format!("{e}: {r}"),
+                })
+            })
+            .collect()
+    }
+}
+
+fn parse_enqueue(v: Value) -> Result<EnqueueOutcome> {
+    let items = array("enqueue", v)?;
+    match tag(&items).as_deref() {
+        Some("OK") => Ok(EnqueueOutcome::Queued {
+            seq: items.get(1).map(int).unwrap_or(0),
+        }),
+        Some("HELD") => Ok(EnqueueOutcome::Held {
+            seq: items.get(1).map(int).unwrap_or(0),
+        }),
+        Some("DUP") => Ok(EnqueueOutcome::Duplicate),
+        Some("MOVED") => {
+            let q = items.get(1).map(string).unwrap_or_default();
+            q.parse().map(EnqueueOutcome::Moved).map_err(|e| StoreError::Protocol {
+                script: "enqueue",
+                detail: format!("MOVED to {e}"),
+            })
+        }
+        _ => Err(StoreError::Protocol {
+            script: "enqueue",
+            detail: format!("{items:?}"),
+        }),
+    }
+}
+
+fn array(script: &'static str, v: Value) -> Result<Vec<Value>> {
+    match v {
+        Value::Array(items) => Ok(items),
+        Value::ServerError(e) => Err(StoreError::Redis(e.into())),
+        other => Err(StoreError::Protocol {
+            script,
+            detail: format!("expected an array, got {other:?}"),
+        }),
+    }
+}
+
+fn tag(items: &[Value]) -> Option<String> {
+    items.first().map(string)
+}
+
+fn bytes(v: &Value) -> Vec<u8> {
+    match v {
+        Value::BulkString(b) => b.clone(),
+        Value::SimpleString(s) => s.as_bytes().to_vec(),
+        Value::Int(i) => i.to_string().into_bytes(),
+        _ => Vec::new(),
+    }
+}
+
+fn string(v: &Value) -> String {
+    match v {
+        Value::BulkString(b) => String::from_utf8_lossy(b).into_owned(),
+        Value::SimpleString(s) => s.clone(),
+        Value::Okay => "OK".to_string(),
+        Value::Int(i) => i.to_string(),
+        _ => String::new(),
+    }
+}
+
+fn int(v: &Value) -> u64 {
+    match v {
+        Value::Int(i) => (*i).max(0) as u64,
+        Value::BulkString(b) => std::str::from_utf8(b).ok().and_then(|s| s.parse().ok()).unwrap_or(0),
+        _ => 0,
+    }
+}
