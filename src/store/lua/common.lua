@@ -4,9 +4,11 @@
 --
 --   P:conf            HASH  quantum, cap, ordered, weight, est0, maxatt, idttl
 --   P:weights         HASH  tenant -> weight
---   P:ring            LIST  active tenants, DRR order (head is served)
---   P:t:<tenant>      HASH  d deficit (worker-s), f in flight, r in ring, k parked at cap,
---                           e estimate (s), p paused, m moved-to queue, w delayed, h held
+--   P:fresh           LIST  tenants that just became active (served first, one turn)
+--   P:ring            LIST  backlogged tenants, DRR order (head is served)
+--   P:t:<tenant>      HASH  d deficit (worker-s), f in flight, r on fresh/ring, k parked at cap,
+--                           e estimate (s), b fresh-turn budget, p paused, m moved-to queue,
+--                           w delayed, h held
 --   P:q:<tenant>      LIST  the tenant's lane: envelope ids, head first
 --   P:h:<tenant>      LIST  hold buffer while paused
 --   P:e:<id>          HASH  t tenant, s seq, a attempts, p payload, n enqueued ms,
@@ -22,6 +24,7 @@
 --   P:ws:<bucket>     HASH  tenant -> worker-seconds in a 10 s bucket (expires)
 local P = KEYS[1]
 local RING = P .. ':ring'
+local FRESH = P .. ':fresh'
 local LEASES = P .. ':leases'
 local DELAYED = P .. ':delayed'
 
@@ -48,7 +51,8 @@ local function weight(t)
   return tonumber(redis.call('HGET', P .. ':weights', t)) or DEFAULT_WEIGHT
 end
 
--- Put a tenant with queued work on the ring, unless it is there already or parked at its cap.
+-- Put a tenant with queued work at the tail of the ring, unless it is on
+-- the ring or the fresh list already, or parked at its cap.
 local function activate(t)
   local tk = tkey(t)
   local st = redis.call('HMGET', tk, 'r', 'k')
@@ -56,6 +60,21 @@ local function activate(t)
   if redis.call('LLEN', lane(t)) == 0 then return end
   redis.call('RPUSH', RING, t)
   redis.call('HSET', tk, 'r', 1)
+end
+
+-- A tenant that was idle and has new work: it earns its quantum now and, if
+-- that leaves it in credit (no unpaid debt), is served ahead of the
+-- backlogged ring for one turn, like a sparse flow in FQ-CoDel. This is what
+-- lets a password reset overtake a whale's turn.
+local function activate_fresh(t)
+  local tk = tkey(t)
+  local st = redis.call('HMGET', tk, 'r', 'k', 'd')
+  if st[1] == '1' or st[2] == '1' then return end
+  local q = QUANTUM * weight(t)
+  local d = (tonumber(st[3]) or 0) + q
+  -- b: what the fresh turn may still charge; refunds at ack do not extend it
+  redis.call('HSET', tk, 'r', 1, 'd', d, 'b', q)
+  if d > 0 then redis.call('RPUSH', FRESH, t) else redis.call('RPUSH', RING, t) end
 end
 
 -- Free one in-flight slot; a tenant parked at its cap rejoins the ring if it has work.

@@ -13,5 +13,5 @@ if st[1] == '1' then
   return { 'HELD', seq }
 end
 redis.call('RPUSH', lane(t), id)
-activate(t)
+activate_fresh(t)
 return { 'OK', seq }

@@ -7,25 +7,30 @@ local now = now_ms()
 promote_due(now, 32)
 reap(now, 32)
 
--- After a lease or a skip, put the head tenant where it belongs.
-local function reposition(t, tk, d, f)
+-- After a lease or a skip, put the head tenant of `list` where it belongs.
+local function reposition(list, t, tk, d, f)
   if redis.call('LLEN', lane(t)) == 0 then
     -- idle: leaves the ring and keeps no credit (debt stays)
-    redis.call('LPOP', RING)
+    redis.call('LPOP', list)
     redis.call('HSET', tk, 'r', 0, 'd', math.min(d, 0))
   elseif f >= CAP then
     -- at its cap: parked off the ring until a slot frees, so it is not rescanned
-    redis.call('LPOP', RING)
+    redis.call('LPOP', list)
     redis.call('HSET', tk, 'r', 0, 'k', 1)
   elseif d <= 0 then
-    -- turn over: next turn's quantum, to the tail
-    redis.call('LMOVE', RING, RING, 'LEFT', 'RIGHT')
+    -- turn over: next turn's quantum, to the tail of the ring
+    redis.call('LMOVE', list, RING, 'LEFT', 'RIGHT')
     redis.call('HSET', tk, 'd', d + QUANTUM * weight(t))
   end
 end
 
 for _ = 1, budget do
-  local t = redis.call('LINDEX', RING, 0)
+  local list = FRESH
+  local t = redis.call('LINDEX', FRESH, 0)
+  if not t then
+    list = RING
+    t = redis.call('LINDEX', RING, 0)
+  end
   if not t then
     local wait = 1000
     local due = redis.call('ZRANGE', DELAYED, 0, 0, 'WITHSCORES')
@@ -46,7 +51,7 @@ for _ = 1, budget do
       redis.call('RPUSH', P .. ':dead', cjson.encode({ id = id, tenant = t, attempts = 0,
         cause = 'envelope record missing from the queue', at = now, envelope = '' }))
       depth_down(t)
-      reposition(t, tk, d, f)
+      reposition(list, t, tk, d, f)
     else
       local token = worker .. ':' .. redis.call('INCR', P .. ':ltok')
       local deadline = now + lease_ms
@@ -55,11 +60,17 @@ for _ = 1, budget do
       d = d - e
       f = f + 1
       redis.call('HSET', tk, 'd', d, 'f', f)
-      reposition(t, tk, d, f)
+      if list == FRESH and redis.call('LLEN', lane(t)) > 0 and f < CAP and d > 0
+          and tonumber(redis.call('HINCRBYFLOAT', tk, 'b', -e)) <= 0 then
+        -- the fresh turn is spent: on with its credit to the tail of the ring
+        redis.call('LMOVE', FRESH, RING, 'LEFT', 'RIGHT')
+      else
+        reposition(list, t, tk, d, f)
+      end
       return { 'LEASED', id, t, env[1], env[2], env[3], token, deadline, env[4] }
     end
   else
-    reposition(t, tk, d, f)
+    reposition(list, t, tk, d, f)
   end
 end
 return { 'AGAIN' }
