@@ -377,7 +377,7 @@ async fn paused_tenant_is_held_and_moved_tenant_answers_moved() {
 
 /// Sequence numbers arrive in order across a relocation, under continuous enqueue
 /// by a producer whose routing cache goes stale.
-#[tokio::test]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn relocation_keeps_order_under_continuous_enqueue() {
     let policy = QueuePolicy {
         ordered: true,
@@ -437,7 +437,12 @@ async fn relocation_keeps_order_under_continuous_enqueue() {
     // The reconcile phases, as the controller runs them.
     s.pause(src, "mover").await.unwrap();
     let drain_deadline = Instant::now() + Duration::from_secs(10);
-    while !s.tenant_state(src, "mover").await.unwrap().drained() {
+    // Drained, and the producer has put something in the hold buffer meanwhile.
+    loop {
+        let st = s.tenant_state(src, "mover").await.unwrap();
+        if st.drained() && st.held > 0 {
+            break;
+        }
         assert!(Instant::now() < drain_deadline, "drain timed out");
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
