@@ -52,7 +52,10 @@ pub fn validate_tenant(tenant: &str) -> Result<(), InvalidEnvelope> {
         ));
     }
     if let Some(c) = tenant.chars().find(|c| c.is_control()) {
-        return Err(invalid("tenant", format!("contains the control character {c:?}")));
+        return Err(invalid(
+            "tenant",
+            format!("contains the control character {c:?}"),
+        ));
     }
     Ok(())
 }
@@ -70,8 +73,15 @@ impl Envelope {
                 format!("is {} bytes; the limit is {MAX_ID_BYTES}", self.id.len()),
             ));
         }
-        if let Some(c) = self.id.chars().find(|c| c.is_control() || c.is_whitespace()) {
-            return Err(invalid("id", format!("contains {c:?}; use printable characters without spaces")));
+        if let Some(c) = self
+            .id
+            .chars()
+            .find(|c| c.is_control() || c.is_whitespace())
+        {
+            return Err(invalid(
+                "id",
+                format!("contains {c:?}; use printable characters without spaces"),
+            ));
         }
         Ok(())
     }
@@ -100,10 +110,21 @@ mod tests {
 
     #[test]
     fn rejects_bad_tenants_naming_the_field() {
-        assert_eq!(env("", "a").validate().unwrap_err().to_string(), "tenant: must not be empty");
+        assert_eq!(
+            env("", "a").validate().unwrap_err().to_string(),
+            "tenant: must not be empty"
+        );
         let long = "t".repeat(257);
-        assert!(env(&long, "a").validate().unwrap_err().to_string().contains("257 bytes"));
-        assert!(env("a\nb", "a").validate().unwrap_err().to_string().contains("control character"));
+        assert!(env(&long, "a")
+            .validate()
+            .unwrap_err()
+            .to_string()
+            .contains("257 bytes"));
+        assert!(env("a\nb", "a")
+            .validate()
+            .unwrap_err()
+            .to_string()
+            .contains("control character"));
         assert!(env(&"t".repeat(256), "a").validate().is_ok());
     }
 

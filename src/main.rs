@@ -26,12 +26,80 @@ enum Command {
         #[arg(long, value_name = "DIR")]
         out: Option<PathBuf>,
     },
+
+    /// Print the queue each tenant routes to.
+    ///
+    /// With --shards, the rendezvous hash alone (no Redis needed). With
+    /// --redis and --shard-set, the set's live routing table, pins included.
+    Route {
+        /// Shard count to hash over, instead of reading the routing table.
+        #[arg(long, conflicts_with = "redis")]
+        shards: Option<u16>,
+        #[command(flatten)]
+        target: RedisTarget,
+        /// Tenant ids; with none, one per line is read from stdin.
+        tenants: Vec<String>,
+    },
+
+    /// Show which tenants own each queue's backlog and capacity.
+    ///
+    /// For every queue of a ShardSet: tenant, outstanding depth, its share of
+    /// the queue's depth, and its share of the queue's worker-seconds over the
+    /// window (capacity %), largest consumers first.
+    Top {
+        #[command(flatten)]
+        target: RedisTarget,
+        /// Window for worker-second shares (Go duration: 5m, 90s).
+        #[arg(long, default_value = "5m")]
+        window: kube::core::Duration,
+        /// Rows per queue.
+        #[arg(long, default_value_t = 10)]
+        limit: usize,
+    },
+}
+
+/// Where a ShardSet's queues live.
+#[derive(clap::Args, Debug)]
+struct RedisTarget {
+    /// Redis URL of the ShardSet.
+    #[arg(long, env = "LANEKEEPER_REDIS_URL")]
+    redis: Option<String>,
+    /// The ShardSet, as <namespace>/<name>.
+    #[arg(long, env = "LANEKEEPER_SHARD_SET")]
+    shard_set: Option<lanekeeper::store::SetId>,
+}
+
+impl RedisTarget {
+    async fn connect(&self) -> anyhow::Result<lanekeeper::store::Store> {
+        use anyhow::Context;
+        let url = self
+            .redis
+            .as_deref()
+            .context("--redis (or LANEKEEPER_REDIS_URL) is required")?;
+        let set = self
+            .shard_set
+            .clone()
+            .context("--shard-set <namespace>/<name> is required")?;
+        lanekeeper::store::Store::connect(url, set, Default::default())
+            .await
+            .with_context(|| format!("connecting to {url}"))
+    }
 }
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Crds { out } => crds(out),
+        Command::Route {
+            shards,
+            target,
+            tenants,
+        } => runtime().and_then(|rt| rt.block_on(route(shards, target, tenants))),
+        Command::Top {
+            target,
+            window,
+            limit,
+        } => runtime().and_then(|rt| rt.block_on(top(target, window.into(), limit))),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -55,6 +123,91 @@ fn crds(out: Option<PathBuf>) -> anyhow::Result<()> {
                     .with_context(|| format!("writing {}", path.display()))?;
                 eprintln!("wrote {}", path.display());
             }
+        }
+    }
+    Ok(())
+}
+
+fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
+    Ok(tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?)
+}
+
+async fn route(
+    shards: Option<u16>,
+    target: RedisTarget,
+    mut tenants: Vec<String>,
+) -> anyhow::Result<()> {
+    use std::io::{BufRead, Write};
+    if tenants.is_empty() {
+        for line in std::io::stdin().lock().lines() {
+            let line = line?;
+            if !line.trim().is_empty() {
+                tenants.push(line.trim().to_string());
+            }
+        }
+    }
+    let table = match shards {
+        Some(n) if (1..=1024).contains(&n) => lanekeeper::routing::RoutingTable {
+            shards: n,
+            ..Default::default()
+        },
+        Some(n) => anyhow::bail!("--shards {n}: must be between 1 and 1024"),
+        None => target.connect().await?.routing().await?,
+    };
+    anyhow::ensure!(
+        table.shards > 0,
+        "the routing table has no shard count yet; is the controller running?"
+    );
+    let mut out = std::io::BufWriter::new(std::io::stdout().lock());
+    for t in tenants {
+        lanekeeper::envelope::validate_tenant(&t)?;
+        writeln!(out, "{t}\t{}", table.route(&t))?;
+    }
+    out.flush()?;
+    Ok(())
+}
+
+async fn top(target: RedisTarget, window: std::time::Duration, limit: usize) -> anyhow::Result<()> {
+    let store = target.connect().await?;
+    let table = store.routing().await?;
+    let mut queues: Vec<lanekeeper::routing::QueueId> = (0..table.shards)
+        .map(lanekeeper::routing::QueueId::Shard)
+        .collect();
+    queues.extend(
+        table
+            .pins
+            .values()
+            .copied()
+            .filter(|q| matches!(q, lanekeeper::routing::QueueId::Lane(_))),
+    );
+    queues.sort();
+    queues.dedup();
+    println!(
+        "{:<10} {:<32} {:>10} {:>8} {:>10}",
+        "QUEUE", "TENANT", "DEPTH", "DEPTH%", "CAPACITY%"
+    );
+    for q in queues {
+        let stats = store.tenant_stats(q, window).await?;
+        let depth: u64 = stats.iter().map(|s| s.depth).sum();
+        let secs: f64 = stats.iter().map(|s| s.worker_seconds).sum();
+        for s in stats.iter().take(limit) {
+            let pct = |part: f64, whole: f64| {
+                if whole > 0.0 {
+                    100.0 * part / whole
+                } else {
+                    0.0
+                }
+            };
+            println!(
+                "{:<10} {:<32} {:>10} {:>7.1}% {:>9.1}%",
+                q.to_string(),
+                s.tenant,
+                s.depth,
+                pct(s.depth as f64, depth as f64),
+                pct(s.worker_seconds, secs)
+            );
         }
     }
     Ok(())

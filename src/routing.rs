@@ -45,11 +45,19 @@ impl FromStr for QueueId {
         let bad = || BadQueueName(s.to_string());
         if let Some(n) = s.strip_prefix("shard-") {
             let n: u16 = n.parse().map_err(|_| bad())?;
-            return if n < 1024 { Ok(QueueId::Shard(n)) } else { Err(bad()) };
+            return if n < 1024 {
+                Ok(QueueId::Shard(n))
+            } else {
+                Err(bad())
+            };
         }
         if let Some(n) = s.strip_prefix("lane-") {
             let n: u8 = n.parse().map_err(|_| bad())?;
-            return if n < 8 { Ok(QueueId::Lane(n)) } else { Err(bad()) };
+            return if n < 8 {
+                Ok(QueueId::Lane(n))
+            } else {
+                Err(bad())
+            };
         }
         Err(bad())
     }
@@ -58,11 +66,19 @@ impl FromStr for QueueId {
 /// The stable 64-bit score of `tenant` on `queue`: blake2b of `tenant:queue`.
 /// Never the language's salted hash: every process must agree.
 pub fn score(tenant: &str, queue: QueueId) -> u64 {
-    let mut h = Blake2b::<U8>::new();
-    h.update(tenant.as_bytes());
-    h.update(b":");
-    h.update(queue.to_string().as_bytes());
-    u64::from_be_bytes(h.finalize().into())
+    // Feeds the queue's display name straight into the hash, without allocating.
+    struct Feed(Blake2b<U8>);
+    impl fmt::Write for Feed {
+        fn write_str(&mut self, s: &str) -> fmt::Result {
+            self.0.update(s.as_bytes());
+            Ok(())
+        }
+    }
+    let mut h = Feed(Blake2b::<U8>::new());
+    h.0.update(tenant.as_bytes());
+    h.0.update(b":");
+    let _ = fmt::Write::write_fmt(&mut h, format_args!("{queue}"));
+    u64::from_be_bytes(h.0.finalize().into())
 }
 
 /// The hash shard of `tenant` among `shards` shards: the one with the highest
@@ -138,7 +154,12 @@ mod tests {
 
     #[test]
     fn queue_names_round_trip() {
-        for q in [QueueId::Shard(0), QueueId::Shard(7), QueueId::Shard(1023), QueueId::Lane(3)] {
+        for q in [
+            QueueId::Shard(0),
+            QueueId::Shard(7),
+            QueueId::Shard(1023),
+            QueueId::Lane(3),
+        ] {
             assert_eq!(q.to_string().parse::<QueueId>().unwrap(), q);
         }
         assert_eq!(QueueId::Shard(7).to_string(), "shard-07");
@@ -163,7 +184,10 @@ mod tests {
     fn known_vector_is_stable() {
         // Pinned so a change of hash function or input encoding cannot slip in:
         // every producer and worker must agree across versions.
-        let shards: Vec<QueueId> = ["a", "b", "c", "tenant-42"].iter().map(|t| hash_shard(t, 32)).collect();
+        let shards: Vec<QueueId> = ["a", "b", "c", "tenant-42"]
+            .iter()
+            .map(|t| hash_shard(t, 32))
+            .collect();
         assert_eq!(shards, KNOWN.map(QueueId::Shard).to_vec());
     }
     // Cross-checked with Python: max(range(32), key=lambda i: int.from_bytes(

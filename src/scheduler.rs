@@ -64,7 +64,11 @@ impl QueuePolicy {
             max_in_flight: s.max_in_flight_per_tenant.max(1) as u32,
             ordered,
             default_weight: s.default_weight,
-            weights: s.weights.iter().map(|w| (w.tenant.clone(), w.weight)).collect(),
+            weights: s
+                .weights
+                .iter()
+                .map(|w| (w.tenant.clone(), w.weight))
+                .collect(),
             max_attempts: spec.delivery.max_attempts.max(1) as u32,
             ..Self::default()
         }

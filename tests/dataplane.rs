@@ -12,7 +12,9 @@ use lanekeeper::envelope::Envelope;
 use lanekeeper::producer::Producer;
 use lanekeeper::routing::{hash_shard, QueueId};
 use lanekeeper::scheduler::QueuePolicy;
-use lanekeeper::store::{ConnectOptions, EnqueueOutcome, Lease, LeaseOutcome, NackOutcome, SetId, Store, StoreError};
+use lanekeeper::store::{
+    ConnectOptions, EnqueueOutcome, Lease, LeaseOutcome, NackOutcome, SetId, Store, StoreError,
+};
 
 const Q: QueueId = QueueId::Shard(0);
 const LEASE: Duration = Duration::from_secs(30);
@@ -20,9 +22,13 @@ const LEASE: Duration = Duration::from_secs(30);
 async fn store(policy: QueuePolicy) -> Store {
     static N: AtomicU32 = AtomicU32::new(0);
     let set = SetId::new("test", format!("set{}", N.fetch_add(1, Ordering::Relaxed)));
-    let s = Store::connect(&support::redis::shared().url, set, ConnectOptions::default())
-        .await
-        .expect("connect to the test redis");
+    let s = Store::connect(
+        &support::redis::shared().url,
+        set,
+        ConnectOptions::default(),
+    )
+    .await
+    .expect("connect to the test redis");
     s.configure_queue(Q, &policy).await.unwrap();
     s
 }
@@ -64,14 +70,23 @@ async fn fill(s: &Store, q: QueueId, tenant: &str, n: u64) {
 async fn enqueue_lease_ack_round_trip_and_idempotency() {
     let s = store(QueuePolicy::default()).await;
     let e = env("acme", 1);
-    assert!(matches!(s.enqueue(Q, &e).await.unwrap(), EnqueueOutcome::Queued { seq: 1 }));
+    assert!(matches!(
+        s.enqueue(Q, &e).await.unwrap(),
+        EnqueueOutcome::Queued { seq: 1 }
+    ));
     assert_eq!(s.enqueue(Q, &e).await.unwrap(), EnqueueOutcome::Duplicate);
     let l = lease(&s, Q).await.expect("one envelope");
     assert_eq!(l.envelope().unwrap(), e);
     assert_eq!(l.attempts, 0);
-    assert!(lease(&s, Q).await.is_none(), "the same id twice is stored once");
+    assert!(
+        lease(&s, Q).await.is_none(),
+        "the same id twice is stored once"
+    );
     assert!(s.ack(&l, Duration::from_millis(40)).await.unwrap());
-    assert!(!s.ack(&l, Duration::from_millis(40)).await.unwrap(), "ack is idempotent");
+    assert!(
+        !s.ack(&l, Duration::from_millis(40)).await.unwrap(),
+        "ack is idempotent"
+    );
     let stats = s.tenant_stats(Q, Duration::from_secs(60)).await.unwrap();
     assert_eq!(stats.len(), 1);
     assert_eq!((stats[0].depth, stats[0].delivered), (0, 1));
@@ -89,13 +104,26 @@ async fn bad_input_is_refused_naming_the_field() {
     assert!(matches!(err, StoreError::Invalid(_)));
     assert_eq!(err.to_string(), "tenant: must not be empty");
     e.tenant = "x".repeat(300);
-    assert!(s.enqueue(Q, &e).await.unwrap_err().to_string().contains("300 bytes"));
+    assert!(s
+        .enqueue(Q, &e)
+        .await
+        .unwrap_err()
+        .to_string()
+        .contains("300 bytes"));
     e.tenant = "bad\u{7}tenant".into();
-    assert!(s.enqueue(Q, &e).await.unwrap_err().to_string().contains("control character"));
+    assert!(s
+        .enqueue(Q, &e)
+        .await
+        .unwrap_err()
+        .to_string()
+        .contains("control character"));
     // In a batch, one bad item does not sink the others.
     let mut bad = env("acme", 2);
     bad.tenant = String::new();
-    let res = s.enqueue_batch(Q, &[env("acme", 1), bad, env("acme", 3)]).await.unwrap();
+    let res = s
+        .enqueue_batch(Q, &[env("acme", 1), bad, env("acme", 3)])
+        .await
+        .unwrap();
     assert!(res[0].is_ok() && res[1].is_err() && res[2].is_ok());
 }
 
@@ -107,13 +135,33 @@ async fn corrupt_stored_envelope_is_dead_lettered_not_fatal() {
     let mut conn = client.get_multiplexed_async_connection().await.unwrap();
     s.enqueue(Q, &env("acme", 1)).await.unwrap();
     let key = format!("{}:e:acme-1", s.queue_prefix(Q));
-    let _: () = redis::cmd("HSET").arg(&key).arg("p").arg("{not json").query_async(&mut conn).await.unwrap();
+    let _: () = redis::cmd("HSET")
+        .arg(&key)
+        .arg("p")
+        .arg("{not json")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
     let l = lease(&s, Q).await.unwrap();
     let cause = l.envelope().unwrap_err().to_string();
-    assert_eq!(s.nack(&l, Duration::ZERO, &format!("corrupt envelope: {cause}"), None).await.unwrap(), NackOutcome::Dead { attempts: 1 });
+    assert_eq!(
+        s.nack(
+            &l,
+            Duration::ZERO,
+            &format!("corrupt envelope: {cause}"),
+            None
+        )
+        .await
+        .unwrap(),
+        NackOutcome::Dead { attempts: 1 }
+    );
     let dead = s.dead_letters(Q, 10).await.unwrap();
     assert_eq!(dead.len(), 1);
-    assert!(dead[0].cause.starts_with("corrupt envelope"), "{:?}", dead[0]);
+    assert!(
+        dead[0].cause.starts_with("corrupt envelope"),
+        "{:?}",
+        dead[0]
+    );
     assert_eq!(dead[0].envelope, "{not json");
 }
 
@@ -121,8 +169,20 @@ async fn corrupt_stored_envelope_is_dead_lettered_not_fatal() {
 async fn redis_down_or_silent_is_a_typed_error() {
     // Nothing listens here.
     let port = support::process::free_port();
-    let down = Store::connect(&format!("redis://127.0.0.1:{port}/"), SetId::new("t", "down"), ConnectOptions::default()).await;
-    assert!(matches!(down, Err(StoreError::Redis(_)) | Err(StoreError::Timeout(_))), "{:?}", down.err());
+    let down = Store::connect(
+        &format!("redis://127.0.0.1:{port}/"),
+        SetId::new("t", "down"),
+        ConnectOptions::default(),
+    )
+    .await;
+    assert!(
+        matches!(
+            down,
+            Err(StoreError::Redis(_)) | Err(StoreError::Timeout(_))
+        ),
+        "{:?}",
+        down.err()
+    );
 
     // Something accepts connections but never answers.
     let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
@@ -138,9 +198,17 @@ async fn redis_down_or_silent_is_a_typed_error() {
         response_timeout: Duration::from_millis(300),
     };
     let started = Instant::now();
-    let r = Store::connect(&format!("redis://127.0.0.1:{silent}/"), SetId::new("t", "silent"), opts).await;
+    let r = Store::connect(
+        &format!("redis://127.0.0.1:{silent}/"),
+        SetId::new("t", "silent"),
+        opts,
+    )
+    .await;
     let err = r.err().expect("a silent server is an error");
-    assert!(matches!(err, StoreError::Timeout(_) | StoreError::Redis(_)), "{err:?}");
+    assert!(
+        matches!(err, StoreError::Timeout(_) | StoreError::Redis(_)),
+        "{err:?}"
+    );
     assert!(started.elapsed() < Duration::from_secs(10));
 }
 
@@ -160,7 +228,11 @@ async fn whale_cannot_delay_the_small_tenant() {
                 break;
             }
         }
-        let position = position.unwrap_or_else(|| panic!("small tenant not leased within 20 leases behind {whale_backlog} whale envelopes"));
+        let position = position.unwrap_or_else(|| {
+            panic!(
+                "small tenant not leased within 20 leases behind {whale_backlog} whale envelopes"
+            )
+        });
         eprintln!("whale backlog {whale_backlog}: small tenant leased at position {position}");
     }
 }
@@ -180,9 +252,18 @@ async fn fairness_is_in_worker_seconds_not_message_counts() {
         *count.entry(l.tenant).or_default() += 1;
     }
     let (a, b) = (secs["slow"], secs["fast"]);
-    eprintln!("worker-seconds slow={a:.2} fast={b:.2}; deliveries slow={} fast={}", count["slow"], count["fast"]);
-    assert!((a - b).abs() / a.max(b) < 0.20, "worker-seconds not within 20%: slow={a} fast={b}");
-    assert!(count["fast"] > 5 * count["slow"], "fast tenant should get many more deliveries: {count:?}");
+    eprintln!(
+        "worker-seconds slow={a:.2} fast={b:.2}; deliveries slow={} fast={}",
+        count["slow"], count["fast"]
+    );
+    assert!(
+        (a - b).abs() / a.max(b) < 0.20,
+        "worker-seconds not within 20%: slow={a} fast={b}"
+    );
+    assert!(
+        count["fast"] > 5 * count["slow"],
+        "fast tenant should get many more deliveries: {count:?}"
+    );
     // Attribution agrees with what the workers measured.
     let stats = s.tenant_stats(Q, Duration::from_secs(600)).await.unwrap();
     let slow = stats.iter().find(|t| t.tenant == "slow").unwrap();
@@ -203,7 +284,10 @@ async fn weights_scale_the_quantum() {
         *secs.entry(l.tenant).or_default() += 0.1;
     }
     let ratio = secs["gold"] / secs["plain"];
-    assert!((2.4..=3.6).contains(&ratio), "weight 3 should get about 3x the worker-seconds, got {ratio:.2}");
+    assert!(
+        (2.4..=3.6).contains(&ratio),
+        "weight 3 should get about 3x the worker-seconds, got {ratio:.2}"
+    );
 }
 
 #[tokio::test]
@@ -219,7 +303,12 @@ async fn in_flight_cap_holds_under_eight_concurrent_clients() {
     let delivered = Arc::new(AtomicUsize::new(0));
     let mut tasks = Vec::new();
     for w in 0..8 {
-        let (s, holding, max_seen, delivered) = (s.clone(), holding.clone(), max_seen.clone(), delivered.clone());
+        let (s, holding, max_seen, delivered) = (
+            s.clone(),
+            holding.clone(),
+            max_seen.clone(),
+            delivered.clone(),
+        );
         tasks.push(tokio::spawn(async move {
             let worker = format!("w{w}");
             let mut idle = 0;
@@ -248,7 +337,10 @@ async fn in_flight_cap_holds_under_eight_concurrent_clients() {
     assert_eq!(delivered.load(Ordering::SeqCst), 400);
     let max = max_seen.load(Ordering::SeqCst);
     assert!(max <= 3, "cap 3 exceeded: {max} held at once");
-    assert!(max >= 2, "8 clients should have reached the cap at least partly, saw {max}");
+    assert!(
+        max >= 2,
+        "8 clients should have reached the cap at least partly, saw {max}"
+    );
 }
 
 #[tokio::test]
@@ -259,7 +351,11 @@ async fn expired_leases_return_to_the_head_in_order() {
     }
     let mut first = Vec::new();
     for _ in 0..5 {
-        match s.lease(Q, "doomed", Duration::from_millis(50)).await.unwrap() {
+        match s
+            .lease(Q, "doomed", Duration::from_millis(50))
+            .await
+            .unwrap()
+        {
             LeaseOutcome::Leased(l) => first.push(l),
             other => panic!("{other:?}"),
         }
@@ -290,17 +386,38 @@ async fn nack_retries_with_backoff_then_dead_letters() {
     s.enqueue(Q, &env("acme", 0)).await.unwrap();
     for attempt in 1..=2u32 {
         let l = lease(&s, Q).await.unwrap();
-        let out = s.nack(&l, Duration::from_millis(5), "HTTP 503", Some(Duration::from_millis(100))).await.unwrap();
-        assert!(matches!(out, NackOutcome::Retry { attempts, .. } if attempts == attempt), "{out:?}");
+        let out = s
+            .nack(
+                &l,
+                Duration::from_millis(5),
+                "HTTP 503",
+                Some(Duration::from_millis(100)),
+            )
+            .await
+            .unwrap();
+        assert!(
+            matches!(out, NackOutcome::Retry { attempts, .. } if attempts == attempt),
+            "{out:?}"
+        );
         match s.lease(Q, "w", LEASE).await.unwrap() {
-            LeaseOutcome::Empty { retry_after } => assert!(retry_after <= Duration::from_millis(100), "{retry_after:?}"),
+            LeaseOutcome::Empty { retry_after } => {
+                assert!(retry_after <= Duration::from_millis(100), "{retry_after:?}")
+            }
             other => panic!("retry leased before it was due: {other:?}"),
         }
         tokio::time::sleep(Duration::from_millis(130)).await;
     }
     let l = lease(&s, Q).await.expect("retry due");
     assert_eq!(l.attempts, 2);
-    let out = s.nack(&l, Duration::from_millis(5), "HTTP 410 Gone", Some(Duration::from_millis(100))).await.unwrap();
+    let out = s
+        .nack(
+            &l,
+            Duration::from_millis(5),
+            "HTTP 410 Gone",
+            Some(Duration::from_millis(100)),
+        )
+        .await
+        .unwrap();
     assert_eq!(out, NackOutcome::Dead { attempts: 3 });
     let dead = s.dead_letters(Q, 10).await.unwrap();
     assert_eq!(dead[0].cause, "HTTP 410 Gone");
@@ -329,7 +446,14 @@ async fn per_tenant_order_blocks_only_the_failing_tenant() {
         match s.lease(Q, "w", LEASE).await.unwrap() {
             LeaseOutcome::Leased(l) if l.tenant == "stuck" && !failed_once => {
                 failed_once = true;
-                s.nack(&l, Duration::ZERO, "HTTP 500", Some(Duration::from_millis(200))).await.unwrap();
+                s.nack(
+                    &l,
+                    Duration::ZERO,
+                    "HTTP 500",
+                    Some(Duration::from_millis(200)),
+                )
+                .await
+                .unwrap();
             }
             LeaseOutcome::Leased(l) => {
                 if l.tenant == "stuck" {
@@ -339,7 +463,9 @@ async fn per_tenant_order_blocks_only_the_failing_tenant() {
                 }
                 s.ack(&l, Duration::from_millis(1)).await.unwrap();
             }
-            LeaseOutcome::Empty { retry_after } => tokio::time::sleep(retry_after.min(Duration::from_millis(50))).await,
+            LeaseOutcome::Empty { retry_after } => {
+                tokio::time::sleep(retry_after.min(Duration::from_millis(50))).await
+            }
             LeaseOutcome::Again => {}
         }
     }
@@ -351,27 +477,54 @@ async fn per_tenant_order_blocks_only_the_failing_tenant() {
 async fn paused_tenant_is_held_and_moved_tenant_answers_moved() {
     let s = store(QueuePolicy::default()).await;
     let lane = QueueId::Lane(0);
-    s.configure_queue(lane, &QueuePolicy::default()).await.unwrap();
+    s.configure_queue(lane, &QueuePolicy::default())
+        .await
+        .unwrap();
     s.enqueue(Q, &env("whale", 0)).await.unwrap();
     s.pause(Q, "whale").await.unwrap();
-    assert!(matches!(s.enqueue(Q, &env("whale", 1)).await.unwrap(), EnqueueOutcome::Held { .. }));
+    assert!(matches!(
+        s.enqueue(Q, &env("whale", 1)).await.unwrap(),
+        EnqueueOutcome::Held { .. }
+    ));
     // Not drained yet: moving is refused.
     assert!(!s.mark_moved(Q, "whale", lane).await.unwrap());
     let l = lease(&s, Q).await.unwrap();
     assert_eq!(seq_of(&l), 0);
-    assert!(!s.mark_moved(Q, "whale", lane).await.unwrap(), "in flight still");
+    assert!(
+        !s.mark_moved(Q, "whale", lane).await.unwrap(),
+        "in flight still"
+    );
     s.ack(&l, Duration::from_millis(1)).await.unwrap();
-    assert!(lease(&s, Q).await.is_none(), "held envelopes are not leased");
+    assert!(
+        lease(&s, Q).await.is_none(),
+        "held envelopes are not leased"
+    );
     let st = s.tenant_state(Q, "whale").await.unwrap();
     assert!(st.drained() && st.paused && st.held == 1, "{st:?}");
     s.pause(lane, "whale").await.unwrap();
     assert!(s.mark_moved(Q, "whale", lane).await.unwrap());
-    assert_eq!(s.enqueue(Q, &env("whale", 2)).await.unwrap(), EnqueueOutcome::Moved(lane));
-    assert!(matches!(s.enqueue(lane, &env("whale", 2)).await.unwrap(), EnqueueOutcome::Held { .. }));
+    assert_eq!(
+        s.enqueue(Q, &env("whale", 2)).await.unwrap(),
+        EnqueueOutcome::Moved(lane)
+    );
+    assert!(matches!(
+        s.enqueue(lane, &env("whale", 2)).await.unwrap(),
+        EnqueueOutcome::Held { .. }
+    ));
     assert_eq!(s.move_hold(Q, lane, "whale").await.unwrap(), 1);
-    assert_eq!(s.move_hold(Q, lane, "whale").await.unwrap(), 0, "repeating the move is a no-op");
+    assert_eq!(
+        s.move_hold(Q, lane, "whale").await.unwrap(),
+        0,
+        "repeating the move is a no-op"
+    );
     assert_eq!(s.resume(lane, "whale").await.unwrap(), 1);
-    let order: Vec<u64> = [lease(&s, lane).await.unwrap(), lease(&s, lane).await.unwrap()].iter().map(seq_of).collect();
+    let order: Vec<u64> = [
+        lease(&s, lane).await.unwrap(),
+        lease(&s, lane).await.unwrap(),
+    ]
+    .iter()
+    .map(seq_of)
+    .collect();
     assert_eq!(order, vec![1, 2]);
 }
 
@@ -387,7 +540,13 @@ async fn relocation_keeps_order_under_continuous_enqueue() {
     s.set_shards(4).await.unwrap();
     let src = hash_shard("mover", 4);
     let dst = QueueId::Lane(1);
-    for q in [QueueId::Shard(0), QueueId::Shard(1), QueueId::Shard(2), QueueId::Shard(3), dst] {
+    for q in [
+        QueueId::Shard(0),
+        QueueId::Shard(1),
+        QueueId::Shard(2),
+        QueueId::Shard(3),
+        dst,
+    ] {
         s.configure_queue(q, &policy).await.unwrap();
     }
     let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
@@ -457,5 +616,9 @@ async fn relocation_keeps_order_under_continuous_enqueue() {
     let got = consumer.await.unwrap();
     eprintln!("relocation: {total} sent, {held} moved from the hold buffer");
     assert!(held > 0, "the move should have happened under load");
-    assert_eq!(got, (0..total).collect::<Vec<_>>(), "lost, duplicated or reordered across the move");
+    assert_eq!(
+        got,
+        (0..total).collect::<Vec<_>>(),
+        "lost, duplicated or reordered across the move"
+    );
 }

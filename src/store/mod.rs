@@ -52,7 +52,9 @@ impl std::str::FromStr for SetId {
     type Err = String;
     fn from_str(s: &str) -> Result<Self, Self::Err> {
         match s.split_once('/') {
-            Some((ns, name)) if !ns.is_empty() && !name.is_empty() && !name.contains('/') => Ok(SetId::new(ns, name)),
+            Some((ns, name)) if !ns.is_empty() && !name.is_empty() && !name.contains('/') => {
+                Ok(SetId::new(ns, name))
+            }
             _ => Err(format!("{s:?}: expected <namespace>/<name>")),
         }
     }
@@ -68,7 +70,10 @@ pub enum StoreError {
     #[error(transparent)]
     Invalid(#[from] InvalidEnvelope),
     #[error("unexpected reply from the {script} script: {detail}")]
-    Protocol { script: &'static str, detail: String },
+    Protocol {
+        script: &'static str,
+        detail: String,
+    },
 }
 
 impl From<redis::RedisError> for StoreError {
@@ -126,7 +131,9 @@ pub enum LeaseOutcome {
     Leased(Lease),
     /// Nothing is eligible; look again after this long at the latest (the next
     /// retry or lease deadline falls due then; new work may come sooner).
-    Empty { retry_after: Duration },
+    Empty {
+        retry_after: Duration,
+    },
     /// The scan budget ran out while crediting tenants; ask again at once.
     Again,
 }
@@ -303,10 +310,14 @@ impl Store {
             };
             match k.as_str() {
                 "shards" => table.shards = v.parse().map_err(|_| bad(format!("shards = {v:?}")))?,
-                "version" => table.version = v.parse().map_err(|_| bad(format!("version = {v:?}")))?,
+                "version" => {
+                    table.version = v.parse().map_err(|_| bad(format!("version = {v:?}")))?
+                }
                 _ => {
                     if let Some(tenant) = k.strip_prefix("pin:") {
-                        let q = v.parse().map_err(|e| bad(format!("pin of {tenant}: {e}")))?;
+                        let q = v
+                            .parse()
+                            .map_err(|e| bad(format!("pin of {tenant}: {e}")))?;
                         table.pins.insert(tenant.to_string(), q);
                     }
                 }
@@ -355,19 +366,30 @@ impl Store {
                 &[
                     ("quantum", policy.quantum_seconds.to_string()),
                     ("cap", policy.max_in_flight.to_string()),
-                    ("ordered", if policy.ordered { "1" } else { "0" }.to_string()),
+                    (
+                        "ordered",
+                        if policy.ordered { "1" } else { "0" }.to_string(),
+                    ),
                     ("weight", policy.default_weight.to_string()),
                     ("est0", policy.initial_estimate_seconds.to_string()),
                     ("maxatt", policy.max_attempts.to_string()),
-                    ("idttl", policy.idempotency_window.as_secs().max(1).to_string()),
+                    (
+                        "idttl",
+                        policy.idempotency_window.as_secs().max(1).to_string(),
+                    ),
                 ],
             )
             .ignore()
             .del(format!("{p}:weights"))
             .ignore();
         if !policy.weights.is_empty() {
-            let weights: Vec<(String, String)> = policy.weights.iter().map(|(t, w)| (t.clone(), w.to_string())).collect();
-            pipe.hset_multiple(format!("{p}:weights"), &weights).ignore();
+            let weights: Vec<(String, String)> = policy
+                .weights
+                .iter()
+                .map(|(t, w)| (t.clone(), w.to_string()))
+                .collect();
+            pipe.hset_multiple(format!("{p}:weights"), &weights)
+                .ignore();
         }
         let mut conn = self.conn.clone();
         pipe.query_async::<()>(&mut conn).await?;
@@ -386,7 +408,11 @@ impl Store {
             detail: format!("cannot encode envelope: {e}"),
         })?;
         let v = self
-            .run(&SCRIPTS.enqueue, q, &[env.id.as_bytes(), env.tenant.as_bytes(), &payload])
+            .run(
+                &SCRIPTS.enqueue,
+                q,
+                &[env.id.as_bytes(), env.tenant.as_bytes(), &payload],
+            )
             .await?;
         parse_enqueue(v)
     }
@@ -394,7 +420,11 @@ impl Store {
     /// Enqueue many envelopes into `q` in one pipeline (one round trip per
     /// batch). Invalid envelopes get their error; the others are stored. Safe
     /// to repeat: ids are idempotency keys.
-    pub async fn enqueue_batch(&self, q: QueueId, envs: &[Envelope]) -> Result<Vec<Result<EnqueueOutcome>>> {
+    pub async fn enqueue_batch(
+        &self,
+        q: QueueId,
+        envs: &[Envelope],
+    ) -> Result<Vec<Result<EnqueueOutcome>>> {
         let prefix = self.queue_prefix(q);
         let script = &SCRIPTS.enqueue;
         let mut results: Vec<Option<Result<EnqueueOutcome>>> = Vec::with_capacity(envs.len());
@@ -432,17 +462,29 @@ impl Store {
         for (i, v) in sent.into_iter().zip(replies) {
             results[i] = Some(parse_enqueue(v));
         }
-        Ok(results.into_iter().map(|r| r.expect("every slot filled")).collect())
+        Ok(results
+            .into_iter()
+            .map(|r| r.expect("every slot filled"))
+            .collect())
     }
 
     // ---- lease, ack, nack ----------------------------------------------
 
     /// Lease the next envelope of `q` by deficit round robin (one script call).
-    pub async fn lease(&self, q: QueueId, worker: &str, lease_for: Duration) -> Result<LeaseOutcome> {
+    pub async fn lease(
+        &self,
+        q: QueueId,
+        worker: &str,
+        lease_for: Duration,
+    ) -> Result<LeaseOutcome> {
         let ms = lease_for.as_millis().max(1).to_string();
         let budget = LEASE_SCAN_BUDGET.to_string();
         let v = self
-            .run(&SCRIPTS.lease, q, &[ms.as_bytes(), worker.as_bytes(), budget.as_bytes()])
+            .run(
+                &SCRIPTS.lease,
+                q,
+                &[ms.as_bytes(), worker.as_bytes(), budget.as_bytes()],
+            )
             .await?;
         let items = array("lease", v)?;
         match tag(&items).as_deref() {
@@ -473,7 +515,11 @@ impl Store {
     pub async fn ack(&self, lease: &Lease, elapsed: Duration) -> Result<bool> {
         let secs = elapsed.as_secs_f64().to_string();
         let v = self
-            .run(&SCRIPTS.ack, lease.queue, &[lease.id.as_bytes(), lease.token.as_bytes(), secs.as_bytes()])
+            .run(
+                &SCRIPTS.ack,
+                lease.queue,
+                &[lease.id.as_bytes(), lease.token.as_bytes(), secs.as_bytes()],
+            )
             .await?;
         Ok(string(&v) == "OK")
     }
@@ -481,7 +527,13 @@ impl Store {
     /// Report a failed delivery. With `retry_in`, the envelope waits in the
     /// delayed set and then returns to the head of its lane; with `None`, or
     /// after the last attempt, it is dead-lettered with `cause`.
-    pub async fn nack(&self, lease: &Lease, elapsed: Duration, cause: &str, retry_in: Option<Duration>) -> Result<NackOutcome> {
+    pub async fn nack(
+        &self,
+        lease: &Lease,
+        elapsed: Duration,
+        cause: &str,
+        retry_in: Option<Duration>,
+    ) -> Result<NackOutcome> {
         let secs = elapsed.as_secs_f64().to_string();
         let delay = retry_in.unwrap_or_default().as_millis().to_string();
         let dead = if retry_in.is_none() { "1" } else { "0" };
@@ -520,9 +572,14 @@ impl Store {
     /// Returns (promoted, reaped). Leases do a little of this on every call;
     /// workers also run it on a timer so an idle queue still recovers.
     pub async fn maintain(&self, q: QueueId, limit: u32) -> Result<(u64, u64)> {
-        let v = self.run(&SCRIPTS.maintain, q, &[limit.to_string().as_bytes()]).await?;
+        let v = self
+            .run(&SCRIPTS.maintain, q, &[limit.to_string().as_bytes()])
+            .await?;
         let items = array("maintain", v)?;
-        Ok((items.first().map(int).unwrap_or(0), items.get(1).map(int).unwrap_or(0)))
+        Ok((
+            items.first().map(int).unwrap_or(0),
+            items.get(1).map(int).unwrap_or(0),
+        ))
     }
 
     // ---- relocation primitives -----------------------------------------
@@ -550,7 +607,11 @@ impl Store {
             delayed: int(&items[2]),
             held: int(&items[3]),
             paused: int(&items[4]) == 1,
-            moved_to: if moved.is_empty() { None } else { moved.parse().ok() },
+            moved_to: if moved.is_empty() {
+                None
+            } else {
+                moved.parse().ok()
+            },
             depth: int(&items[6]),
         })
     }
@@ -560,7 +621,11 @@ impl Store {
     /// and drained in `q`.
     pub async fn mark_moved(&self, q: QueueId, tenant: &str, target: QueueId) -> Result<bool> {
         let v = self
-            .run(&SCRIPTS.mark_moved, q, &[tenant.as_bytes(), target.to_string().as_bytes()])
+            .run(
+                &SCRIPTS.mark_moved,
+                q,
+                &[tenant.as_bytes(), target.to_string().as_bytes()],
+            )
             .await?;
         let items = array("mark_moved", v)?;
         Ok(tag(&items).as_deref() == Some("OK"))
@@ -573,7 +638,11 @@ impl Store {
         let mut total = 0;
         loop {
             let v = self
-                .run(&SCRIPTS.resume, q, &[tenant.as_bytes(), MOVE_CHUNK.to_string().as_bytes()])
+                .run(
+                    &SCRIPTS.resume,
+                    q,
+                    &[tenant.as_bytes(), MOVE_CHUNK.to_string().as_bytes()],
+                )
                 .await?;
             let items = array("resume", v)?;
             total += items.get(1).map(int).unwrap_or(0);
@@ -599,7 +668,11 @@ impl Store {
         let mut appended = 0;
         loop {
             let v = self
-                .run(&SCRIPTS.export_hold, from, &[tenant.as_bytes(), MOVE_CHUNK.to_string().as_bytes()])
+                .run(
+                    &SCRIPTS.export_hold,
+                    from,
+                    &[tenant.as_bytes(), MOVE_CHUNK.to_string().as_bytes()],
+                )
                 .await?;
             let items = array("export_hold", v)?;
             if items.is_empty() {
@@ -658,7 +731,11 @@ impl Store {
             }
         }
         let mut out: Vec<TenantStats> = by_tenant.into_values().collect();
-        out.sort_by(|a, b| b.worker_seconds.total_cmp(&a.worker_seconds).then(b.depth.cmp(&a.depth)));
+        out.sort_by(|a, b| {
+            b.worker_seconds
+                .total_cmp(&a.worker_seconds)
+                .then(b.depth.cmp(&a.depth))
+        });
         Ok(out)
     }
 
@@ -694,10 +771,12 @@ fn parse_enqueue(v: Value) -> Result<EnqueueOutcome> {
         Some("DUP") => Ok(EnqueueOutcome::Duplicate),
         Some("MOVED") => {
             let q = items.get(1).map(string).unwrap_or_default();
-            q.parse().map(EnqueueOutcome::Moved).map_err(|e| StoreError::Protocol {
-                script: "enqueue",
-                detail: format!("MOVED to {e}"),
-            })
+            q.parse()
+                .map(EnqueueOutcome::Moved)
+                .map_err(|e| StoreError::Protocol {
+                    script: "enqueue",
+                    detail: format!("MOVED to {e}"),
+                })
         }
         _ => Err(StoreError::Protocol {
             script: "enqueue",
@@ -743,7 +822,10 @@ fn string(v: &Value) -> String {
 fn int(v: &Value) -> u64 {
     match v {
         Value::Int(i) => (*i).max(0) as u64,
-        Value::BulkString(b) => std::str::from_utf8(b).ok().and_then(|s| s.parse().ok()).unwrap_or(0),
+        Value::BulkString(b) => std::str::from_utf8(b)
+            .ok()
+            .and_then(|s| s.parse().ok())
+            .unwrap_or(0),
         _ => 0,
     }
 }
