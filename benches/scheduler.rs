@@ -1,0 +1,184 @@
+//! `cargo bench --bench scheduler`: lease+ack throughput of the fair scheduler
+//! against a real redis-server, with the raw-command floor measured in the
+//! same run (RPOP then HINCRBY per message: two plain round trips).
+//! The last line is `RESULT fair_vs_raw=<x> flat_40k_vs_10=<y> enqueue_per_s=<z>`.
+
+#[path = "../tests/support/mod.rs"]
+mod support;
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use lanekeeper::envelope::Envelope;
+use lanekeeper::routing::QueueId;
+use lanekeeper::scheduler::QueuePolicy;
+use lanekeeper::store::{ConnectOptions, LeaseOutcome, SetId, Store};
+
+const CLIENTS: usize = 50;
+const CYCLES: u64 = 30_000;
+const Q: QueueId = QueueId::Shard(0);
+
+fn env(tenant: &str, i: u64) -> Envelope {
+    Envelope {
+        id: format!("{tenant}-{i}"),
+        tenant: tenant.to_string(),
+        endpoint: Some("main".into()),
+        event_type: Some("bench".into()),
+        payload: serde_json::json!({ "n": i, "body": "x".repeat(200) }),
+    }
+}
+
+async fn connect(url: &str, set: &str) -> Store {
+    Store::connect(url, SetId::new("bench", set), ConnectOptions::default())
+        .await
+        .unwrap()
+}
+
+async fn enqueue_all(store: &Store, envs: Vec<Envelope>) -> f64 {
+    let started = Instant::now();
+    let n = envs.len();
+    let chunks: Vec<Vec<Envelope>> = envs.chunks(1000).map(|c| c.to_vec()).collect();
+    let chunks = Arc::new(std::sync::Mutex::new(chunks));
+    let mut tasks = Vec::new();
+    for _ in 0..4 {
+        let (store, chunks) = (store.clone(), chunks.clone());
+        tasks.push(tokio::spawn(async move {
+            loop {
+                let next = chunks.lock().unwrap().pop();
+                let Some(chunk) = next else { break };
+                for r in store.enqueue_batch(Q, &chunk).await.unwrap() {
+                    r.unwrap();
+                }
+            }
+        }));
+    }
+    for t in tasks {
+        t.await.unwrap();
+    }
+    n as f64 / started.elapsed().as_secs_f64()
+}
+
+/// Lease+ack cycles per second with CLIENTS concurrent clients.
+async fn fair(url: &str, tenants: u64) -> f64 {
+    let set = format!("fair{tenants}");
+    let admin = connect(url, &set).await;
+    admin
+        .configure_queue(Q, &QueuePolicy::default())
+        .await
+        .unwrap();
+    // Enough backlog that every tenant stays active for the whole run.
+    let per = (2 * CYCLES / tenants).max(2);
+    let envs: Vec<Envelope> = (0..per)
+        .flat_map(|i| (0..tenants).map(move |t| env(&format!("t{t}"), i)))
+        .collect();
+    enqueue_all(&admin, envs).await;
+    let done = Arc::new(AtomicU64::new(0));
+    let started = Instant::now();
+    let mut tasks = Vec::new();
+    for c in 0..CLIENTS {
+        let store = connect(url, &set).await;
+        let done = done.clone();
+        tasks.push(tokio::spawn(async move {
+            let worker = format!("b{c}");
+            while done.fetch_add(1, Ordering::Relaxed) < CYCLES {
+                match store
+                    .lease(Q, &worker, Duration::from_secs(60))
+                    .await
+                    .unwrap()
+                {
+                    LeaseOutcome::Leased(l) => {
+                        store.ack(&l, Duration::from_millis(20)).await.unwrap();
+                    }
+                    other => panic!("backlog ran out: {other:?}"),
+                }
+            }
+        }));
+    }
+    for t in tasks {
+        t.await.unwrap();
+    }
+    CYCLES as f64 / started.elapsed().as_secs_f64()
+}
+
+/// The floor: RPOP from one FIFO list, then HINCRBY, per message.
+async fn raw(url: &str) -> f64 {
+    let client = redis::Client::open(url).unwrap();
+    let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+    let key = "bench:raw:fifo";
+    let _: () = redis::cmd("DEL")
+        .arg(key)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    for chunk in 0..(2 * CYCLES / 1000) {
+        let mut pipe = redis::pipe();
+        for i in 0..1000 {
+            pipe.rpush(
+                key,
+                format!(
+                    "{{\"n\":{},\"body\":\"{}\"}}",
+                    chunk * 1000 + i,
+                    "x".repeat(200)
+                ),
+            )
+            .ignore();
+        }
+        pipe.query_async::<()>(&mut conn).await.unwrap();
+    }
+    let done = Arc::new(AtomicU64::new(0));
+    let started = Instant::now();
+    let mut tasks = Vec::new();
+    for _ in 0..CLIENTS {
+        let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+        let done = done.clone();
+        tasks.push(tokio::spawn(async move {
+            while done.fetch_add(1, Ordering::Relaxed) < CYCLES {
+                let msg: Option<String> = redis::cmd("RPOP")
+                    .arg(key)
+                    .query_async(&mut conn)
+                    .await
+                    .unwrap();
+                assert!(msg.is_some());
+                let _: i64 = redis::cmd("HINCRBY")
+                    .arg("bench:raw:acks")
+                    .arg("t")
+                    .arg(1)
+                    .query_async(&mut conn)
+                    .await
+                    .unwrap();
+            }
+        }));
+    }
+    for t in tasks {
+        t.await.unwrap();
+    }
+    CYCLES as f64 / started.elapsed().as_secs_f64()
+}
+
+fn main() {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let url = support::redis::shared().url.clone();
+    rt.block_on(async {
+        let raw_rate = raw(&url).await;
+        println!("raw RPOP+HINCRBY, {CLIENTS} clients: {raw_rate:>9.0} cycles/s");
+        let mut fair_rates = Vec::new();
+        for tenants in [10u64, 1_000, 40_000] {
+            let r = fair(&url, tenants).await;
+            println!("fair lease+ack, {CLIENTS} clients, {tenants:>6} active tenants: {r:>9.0} cycles/s ({:.2}x raw)", r / raw_rate);
+            fair_rates.push(r);
+        }
+        let store = connect(&url, "enqueue").await;
+        let envs: Vec<Envelope> = (0..200_000u64).map(|i| env(&format!("imp{}", i % 100), i)).collect();
+        let enqueue_rate = enqueue_all(&store, envs).await;
+        println!("batch enqueue (pipelined, 1000 per batch, 4 producers): {enqueue_rate:.0} envelopes/s");
+        let fair_vs_raw = fair_rates[0] / raw_rate;
+        // Flatness: 40k-tenant throughput relative to 10 (1.0 = no slowdown).
+        let flat = fair_rates[0] / fair_rates[2];
+        println!("RESULT fair_vs_raw={fair_vs_raw:.3} flat_40k_vs_10={flat:.3} enqueue_per_s={enqueue_rate:.0}");
+    });
+    support::process::stop_all();
+}
