@@ -11,6 +11,21 @@ fn tenants(n: usize) -> Vec<String> {
     (0..n).map(|i| format!("tenant-{i:06}")).collect()
 }
 
+/// Run `lanekeeper <args>`, assert it succeeded, and return its stdout.
+fn lanekeeper(args: &[&str]) -> String {
+    let out = Command::new(env!("CARGO_BIN_EXE_lanekeeper"))
+        .args(args)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "lanekeeper {} failed: {}",
+        args.join(" "),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).unwrap()
+}
+
 fn route_in_child(shards: u16, tenants: &[String]) -> Vec<String> {
     use std::io::Write;
     let mut child = Command::new(env!("CARGO_BIN_EXE_lanekeeper"))
@@ -115,25 +130,17 @@ async fn live_table_pins_and_version() {
     assert_eq!(table.route("whale"), QueueId::Lane(2));
     assert_eq!(table.route("minnow"), hash_shard("minnow", 8));
 
-    let out = Command::new(env!("CARGO_BIN_EXE_lanekeeper"))
-        .args([
-            "route",
-            "--redis",
-            &redis.url,
-            "--shard-set",
-            "routing/live",
-            "whale",
-            "minnow",
-        ])
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let out = lanekeeper(&[
+        "route",
+        "--redis",
+        &redis.url,
+        "--shard-set",
+        "routing/live",
+        "whale",
+        "minnow",
+    ]);
     assert_eq!(
-        String::from_utf8(out.stdout).unwrap(),
+        out,
         format!("whale\tlane-2\nminnow\t{}\n", hash_shard("minnow", 8))
     );
 
@@ -179,16 +186,7 @@ async fn top_prints_depth_and_capacity_shares() {
             s.ack(&l, Duration::from_secs_f64(took)).await.unwrap();
         }
     }
-    let out = Command::new(env!("CARGO_BIN_EXE_lanekeeper"))
-        .args(["top", "--redis", &redis.url, "--shard-set", "routing/top"])
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let text = String::from_utf8(out.stdout).unwrap();
+    let text = lanekeeper(&["top", "--redis", &redis.url, "--shard-set", "routing/top"]);
     eprintln!("{text}");
     let lines: Vec<&str> = text.lines().collect();
     assert!(lines[0]

@@ -402,11 +402,7 @@ impl Store {
     /// atomically, whether it is queued, held (tenant paused) or refused with
     /// MOVED (tenant gone); the caller routes, this does not.
     pub async fn enqueue(&self, q: QueueId, env: &Envelope) -> Result<EnqueueOutcome> {
-        env.validate()?;
-        let payload = serde_json::to_vec(env).map_err(|e| StoreError::Protocol {
-            script: "enqueue",
-            detail: format!("cannot encode envelope: {e}"),
-        })?;
+        let payload = encode(env)?;
         let v = self
             .run(
                 &SCRIPTS.enqueue,
@@ -431,10 +427,9 @@ impl Store {
         let mut pipe = redis::pipe();
         let mut sent = Vec::new();
         for (i, env) in envs.iter().enumerate() {
-            match env.validate() {
-                Err(e) => results.push(Some(Err(e.into()))),
-                Ok(()) => {
-                    let payload = serde_json::to_vec(env).unwrap_or_default();
+            match encode(env) {
+                Err(e) => results.push(Some(Err(e))),
+                Ok(payload) => {
                     pipe.cmd("EVALSHA")
                         .arg(script.get_hash())
                         .arg(1)
@@ -503,10 +498,7 @@ impl Store {
                 retry_after: Duration::from_millis(items.get(1).map(int).unwrap_or(1000)),
             }),
             Some("AGAIN") => Ok(LeaseOutcome::Again),
-            _ => Err(StoreError::Protocol {
-                script: "lease",
-                detail: format!("{items:?}"),
-            }),
+            _ => Err(unexpected("lease", &items)),
         }
     }
 
@@ -561,10 +553,7 @@ impl Store {
                 attempts: items.get(1).map(int).unwrap_or(0) as u32,
             }),
             Some("STALE") => Ok(NackOutcome::Stale),
-            _ => Err(StoreError::Protocol {
-                script: "nack",
-                detail: format!("{items:?}"),
-            }),
+            _ => Err(unexpected("nack", &items)),
         }
     }
 
@@ -595,10 +584,7 @@ impl Store {
         let v = self.run(&SCRIPTS.status, q, &[tenant.as_bytes()]).await?;
         let items = array("status", v)?;
         if items.len() != 7 {
-            return Err(StoreError::Protocol {
-                script: "status",
-                detail: format!("{items:?}"),
-            });
+            return Err(unexpected("status", &items));
         }
         let moved = string(&items[5]);
         Ok(TenantQueueState {
@@ -649,12 +635,7 @@ impl Store {
             match tag(&items).as_deref() {
                 Some("DONE") => return Ok(total),
                 Some("MORE") => continue,
-                _ => {
-                    return Err(StoreError::Protocol {
-                        script: "resume",
-                        detail: format!("{items:?}"),
-                    })
-                }
+                _ => return Err(unexpected("resume", &items)),
             }
         }
     }
@@ -759,6 +740,22 @@ impl Store {
     }
 }
 
+/// Validate an envelope and encode it as stored.
+fn encode(env: &Envelope) -> Result<Vec<u8>> {
+    env.validate()?;
+    serde_json::to_vec(env).map_err(|e| StoreError::Protocol {
+        script: "enqueue",
+        detail: format!("cannot encode envelope {}: {e}", env.id),
+    })
+}
+
+fn unexpected(script: &'static str, items: &[Value]) -> StoreError {
+    StoreError::Protocol {
+        script,
+        detail: format!("{items:?}"),
+    }
+}
+
 fn parse_enqueue(v: Value) -> Result<EnqueueOutcome> {
     let items = array("enqueue", v)?;
     match tag(&items).as_deref() {
@@ -778,10 +775,7 @@ fn parse_enqueue(v: Value) -> Result<EnqueueOutcome> {
                     detail: format!("MOVED to {e}"),
                 })
         }
-        _ => Err(StoreError::Protocol {
-            script: "enqueue",
-            detail: format!("{items:?}"),
-        }),
+        _ => Err(unexpected("enqueue", &items)),
     }
 }
 

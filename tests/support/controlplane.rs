@@ -207,46 +207,43 @@ impl ControlPlane {
         }
     }
 
+    /// A kube-controller-manager or kube-scheduler command with what both
+    /// need: the component identity for API access and delegated auth, no
+    /// leader election, and a private serving port and cert dir.
+    fn component(&self, bin: &Path, name: &str, kubeconfig: &Path) -> Command {
+        let kc = kubeconfig.display();
+        let mut cmd = Command::new(bin.join(name));
+        cmd.arg(format!("--kubeconfig={kc}"))
+            .arg(format!("--authentication-kubeconfig={kc}"))
+            .arg(format!("--authorization-kubeconfig={kc}"))
+            .arg("--leader-elect=false")
+            .arg("--bind-address=127.0.0.1")
+            .arg(format!("--secure-port={}", process::free_port()))
+            .arg(format!(
+                "--cert-dir={}",
+                self.dir.join(format!("{name}-certs")).display()
+            ))
+            .arg("--v=1");
+        cmd
+    }
+
     fn start_rest(&self, bin: &Path, kubeconfig: &Path, pki: &Pki) {
         let kc = format!("{}", kubeconfig.display());
 
         let kcm_log = self.dir.join("kube-controller-manager.log");
-        let mut kcm = Command::new(bin.join("kube-controller-manager"));
-        kcm.arg(format!("--kubeconfig={kc}"))
-            .arg(format!("--authentication-kubeconfig={kc}"))
-            .arg(format!("--authorization-kubeconfig={kc}"))
-            .arg("--leader-elect=false")
-            .arg("--bind-address=127.0.0.1")
-            .arg(format!("--secure-port={}", process::free_port()))
-            .arg(format!(
-                "--cert-dir={}",
-                self.dir.join("kcm-certs").display()
-            ))
-            .arg(format!(
-                "--service-account-private-key-file={}",
-                pki.sa_key.display()
-            ))
-            .arg(format!("--root-ca-file={}", pki.ca_cert.display()))
-            .arg("--controllers=*")
-            .arg("--concurrent-deployment-syncs=10")
-            .arg("--concurrent-replicaset-syncs=10")
-            .arg("--v=1");
+        let mut kcm = self.component(bin, "kube-controller-manager", kubeconfig);
+        kcm.arg(format!(
+            "--service-account-private-key-file={}",
+            pki.sa_key.display()
+        ))
+        .arg(format!("--root-ca-file={}", pki.ca_cert.display()))
+        .arg("--controllers=*")
+        .arg("--concurrent-deployment-syncs=10")
+        .arg("--concurrent-replicaset-syncs=10");
         let kcm_pid = process::spawn_server(kcm, &kcm_log);
 
         let sched_log = self.dir.join("kube-scheduler.log");
-        let mut sched = Command::new(bin.join("kube-scheduler"));
-        sched
-            .arg(format!("--kubeconfig={kc}"))
-            .arg(format!("--authentication-kubeconfig={kc}"))
-            .arg(format!("--authorization-kubeconfig={kc}"))
-            .arg("--leader-elect=false")
-            .arg("--bind-address=127.0.0.1")
-            .arg(format!("--secure-port={}", process::free_port()))
-            .arg(format!(
-                "--cert-dir={}",
-                self.dir.join("scheduler-certs").display()
-            ))
-            .arg("--v=1");
+        let sched = self.component(bin, "kube-scheduler", kubeconfig);
         let sched_pid = process::spawn_server(sched, &sched_log);
 
         let kwok_log = self.dir.join("kwok.log");

@@ -7,8 +7,9 @@ local now = now_ms()
 promote_due(now, 32)
 reap(now, 32)
 
--- After a lease or a skip, put the head tenant of `list` where it belongs.
-local function reposition(list, t, tk, d, f)
+-- After a lease (charging `charged`) or a skip (charging 0), put the head
+-- tenant of `list` where it belongs.
+local function reposition(list, t, tk, d, f, charged)
   if redis.call('LLEN', lane(t)) == 0 then
     -- idle: leaves the ring and keeps no credit (debt stays)
     redis.call('LPOP', list)
@@ -21,6 +22,9 @@ local function reposition(list, t, tk, d, f)
     -- turn over: next turn's quantum, to the tail of the ring
     redis.call('LMOVE', list, RING, 'LEFT', 'RIGHT')
     redis.call('HSET', tk, 'd', d + QUANTUM * weight(t))
+  elseif list == FRESH and charged > 0 and tonumber(redis.call('HINCRBYFLOAT', tk, 'b', -charged)) <= 0 then
+    -- the fresh turn is spent (refunds do not extend it): on with its credit to the ring's tail
+    redis.call('LMOVE', FRESH, RING, 'LEFT', 'RIGHT')
   end
 end
 
@@ -51,7 +55,7 @@ for _ = 1, budget do
       redis.call('RPUSH', P .. ':dead', cjson.encode({ id = id, tenant = t, attempts = 0,
         cause = 'envelope record missing from the queue', at = now, envelope = '' }))
       depth_down(t)
-      reposition(list, t, tk, d, f)
+      reposition(list, t, tk, d, f, 0)
     else
       local token = worker .. ':' .. redis.call('INCR', P .. ':ltok')
       local deadline = now + lease_ms
@@ -60,17 +64,11 @@ for _ = 1, budget do
       d = d - e
       f = f + 1
       redis.call('HSET', tk, 'd', d, 'f', f)
-      if list == FRESH and redis.call('LLEN', lane(t)) > 0 and f < CAP and d > 0
-          and tonumber(redis.call('HINCRBYFLOAT', tk, 'b', -e)) <= 0 then
-        -- the fresh turn is spent: on with its credit to the tail of the ring
-        redis.call('LMOVE', FRESH, RING, 'LEFT', 'RIGHT')
-      else
-        reposition(list, t, tk, d, f)
-      end
+      reposition(list, t, tk, d, f, e)
       return { 'LEASED', id, t, env[1], env[2], env[3], token, deadline, env[4] }
     end
   else
-    reposition(list, t, tk, d, f)
+    reposition(list, t, tk, d, f, 0)
   end
 end
 return { 'AGAIN' }
