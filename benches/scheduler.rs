@@ -1,6 +1,8 @@
 //! `cargo bench --bench scheduler`: lease+ack throughput of the fair scheduler
 //! against a real redis-server, with the raw-command floor measured in the
-//! same run (RPOP then HINCRBY per message: two plain round trips).
+//! same run (RPOP then HINCRBY per message: two plain round trips). The fair
+//! clients run a worker's loop: one lease, then `ack_and_lease` per delivery
+//! (the ack of one envelope and the lease of the next in one script call).
 //! The last line is `RESULT fair_vs_raw=<x> flat_40k_vs_10=<y> enqueue_per_s=<z>`.
 
 #[path = "../tests/support/mod.rs"]
@@ -81,18 +83,22 @@ async fn fair(url: &str, tenants: u64) -> f64 {
         let done = done.clone();
         tasks.push(tokio::spawn(async move {
             let worker = format!("b{c}");
-            while done.fetch_add(1, Ordering::Relaxed) < CYCLES {
-                match store
-                    .lease(Q, &worker, Duration::from_secs(60))
+            let lease_for = Duration::from_secs(60);
+            let leased = |o: LeaseOutcome| match o {
+                LeaseOutcome::Leased(l) => l,
+                other => panic!("backlog ran out: {other:?}"),
+            };
+            // A worker's loop: lease, deliver, then ack and lease the next in one call.
+            let mut held = leased(store.lease(Q, &worker, lease_for).await.unwrap());
+            while done.fetch_add(1, Ordering::Relaxed) + 1 < CYCLES {
+                let (acked, next) = store
+                    .ack_and_lease(&held, Duration::from_millis(20), &worker, lease_for)
                     .await
-                    .unwrap()
-                {
-                    LeaseOutcome::Leased(l) => {
-                        store.ack(&l, Duration::from_millis(20)).await.unwrap();
-                    }
-                    other => panic!("backlog ran out: {other:?}"),
-                }
+                    .unwrap();
+                assert!(acked);
+                held = leased(next);
             }
+            assert!(store.ack(&held, Duration::from_millis(20)).await.unwrap());
         }));
     }
     for t in tasks {

@@ -622,3 +622,40 @@ async fn relocation_keeps_order_under_continuous_enqueue() {
         "lost, duplicated or reordered across the move"
     );
 }
+
+#[tokio::test]
+async fn ack_and_lease_is_one_round_trip_of_both() {
+    let s = store(QueuePolicy::default()).await;
+    for i in 0..3 {
+        s.enqueue(Q, &env("acme", i)).await.unwrap();
+    }
+    let first = lease(&s, Q).await.unwrap();
+    let (acked, next) = s
+        .ack_and_lease(&first, Duration::from_millis(10), "w1", LEASE)
+        .await
+        .unwrap();
+    assert!(acked);
+    let LeaseOutcome::Leased(second) = next else {
+        panic!("{next:?}")
+    };
+    assert_eq!((seq_of(&first), seq_of(&second)), (0, 1));
+    // A stale ack is refused, and the lease half still happens.
+    let (acked, next) = s
+        .ack_and_lease(&first, Duration::from_millis(10), "w1", LEASE)
+        .await
+        .unwrap();
+    assert!(!acked);
+    let LeaseOutcome::Leased(third) = next else {
+        panic!("{next:?}")
+    };
+    assert_eq!(seq_of(&third), 2);
+    let (acked, next) = s
+        .ack_and_lease(&second, Duration::from_millis(10), "w1", LEASE)
+        .await
+        .unwrap();
+    assert!(acked);
+    assert!(matches!(next, LeaseOutcome::Empty { .. }), "{next:?}");
+    assert!(s.ack(&third, Duration::from_millis(10)).await.unwrap());
+    let stats = s.tenant_stats(Q, Duration::from_secs(60)).await.unwrap();
+    assert_eq!((stats[0].depth, stats[0].delivered), (0, 3));
+}

@@ -196,6 +196,7 @@ struct Scripts {
     enqueue: Script,
     lease: Script,
     ack: Script,
+    ack_lease: Script,
     nack: Script,
     maintain: Script,
     pause: Script,
@@ -209,15 +210,17 @@ struct Scripts {
 }
 
 const COMMON: &str = include_str!("lua/common.lua");
+const DELIVER: &str = include_str!("lua/deliver.lua");
 
 fn queue_script(body: &str) -> Script {
-    Script::new(&format!("{COMMON}\n{body}"))
+    Script::new(&format!("{COMMON}\n{DELIVER}\n{body}"))
 }
 
 static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| Scripts {
     enqueue: queue_script(include_str!("lua/enqueue.lua")),
     lease: queue_script(include_str!("lua/lease.lua")),
     ack: queue_script(include_str!("lua/ack.lua")),
+    ack_lease: queue_script(include_str!("lua/ack_lease.lua")),
     nack: queue_script(include_str!("lua/nack.lua")),
     maintain: queue_script(include_str!("lua/maintain.lua")),
     pause: queue_script(include_str!("lua/pause.lua")),
@@ -230,6 +233,8 @@ static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| Scripts {
     routing_update: Script::new(include_str!("lua/routing_update.lua")),
 });
 
+/// Envelopes per enqueue script call in a batch.
+pub const ENQUEUE_CHUNK: usize = 200;
 /// Envelopes moved per step when a hold buffer changes queue.
 const MOVE_CHUNK: usize = 500;
 /// Tenants a lease may credit and rotate before it answers `Again`.
@@ -410,12 +415,17 @@ impl Store {
                 &[env.id.as_bytes(), env.tenant.as_bytes(), &payload],
             )
             .await?;
-        parse_enqueue(v)
+        let items = array("enqueue", v)?;
+        match items.as_slice() {
+            [tag, value] => parse_enqueue(tag, value),
+            _ => Err(unexpected("enqueue", &items)),
+        }
     }
 
-    /// Enqueue many envelopes into `q` in one pipeline (one round trip per
-    /// batch). Invalid envelopes get their error; the others are stored. Safe
-    /// to repeat: ids are idempotency keys.
+    /// Enqueue many envelopes into `q`: up to [`ENQUEUE_CHUNK`] per script
+    /// call, all calls in one pipeline (one round trip). Invalid envelopes get
+    /// their error; the others are stored. Safe to repeat: ids are
+    /// idempotency keys.
     pub async fn enqueue_batch(
         &self,
         q: QueueId,
@@ -424,38 +434,48 @@ impl Store {
         let prefix = self.queue_prefix(q);
         let script = &SCRIPTS.enqueue;
         let mut results: Vec<Option<Result<EnqueueOutcome>>> = Vec::with_capacity(envs.len());
-        let mut pipe = redis::pipe();
-        let mut sent = Vec::new();
+        let mut valid: Vec<(usize, Vec<u8>)> = Vec::with_capacity(envs.len());
         for (i, env) in envs.iter().enumerate() {
             match encode(env) {
                 Err(e) => results.push(Some(Err(e))),
                 Ok(payload) => {
-                    pipe.cmd("EVALSHA")
-                        .arg(script.get_hash())
-                        .arg(1)
-                        .arg(&prefix)
-                        .arg(&env.id)
-                        .arg(&env.tenant)
-                        .arg(payload);
                     results.push(None);
-                    sent.push(i);
+                    valid.push((i, payload));
                 }
             }
         }
-        if sent.is_empty() {
-            return Ok(results.into_iter().map(|r| r.expect("set above")).collect());
-        }
-        let mut conn = self.conn.clone();
-        let replies: Vec<Value> = match pipe.query_async(&mut conn).await {
-            Ok(r) => r,
-            Err(e) if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) => {
-                script.load_async(&mut conn).await?;
-                pipe.query_async(&mut conn).await?
+        let mut pipe = redis::pipe();
+        for chunk in valid.chunks(ENQUEUE_CHUNK) {
+            let cmd = pipe
+                .cmd("EVALSHA")
+                .arg(script.get_hash())
+                .arg(1)
+                .arg(&prefix);
+            for (i, payload) in chunk {
+                cmd.arg(&envs[*i].id).arg(&envs[*i].tenant).arg(payload);
             }
-            Err(e) => return Err(e.into()),
-        };
-        for (i, v) in sent.into_iter().zip(replies) {
-            results[i] = Some(parse_enqueue(v));
+        }
+        if !valid.is_empty() {
+            let mut conn = self.conn.clone();
+            let replies: Vec<Value> = match pipe.query_async(&mut conn).await {
+                Ok(r) => r,
+                Err(e)
+                    if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) =>
+                {
+                    script.load_async(&mut conn).await?;
+                    pipe.query_async(&mut conn).await?
+                }
+                Err(e) => return Err(e.into()),
+            };
+            for (chunk, reply) in valid.chunks(ENQUEUE_CHUNK).zip(replies) {
+                let items = array("enqueue", reply)?;
+                if items.len() != 2 * chunk.len() {
+                    return Err(unexpected("enqueue", &items));
+                }
+                for ((i, _), pair) in chunk.iter().zip(items.chunks(2)) {
+                    results[*i] = Some(parse_enqueue(&pair[0], &pair[1]));
+                }
+            }
         }
         Ok(results
             .into_iter()
@@ -474,31 +494,49 @@ impl Store {
     ) -> Result<LeaseOutcome> {
         let ms = lease_for.as_millis().max(1).to_string();
         let budget = LEASE_SCAN_BUDGET.to_string();
+        let token = lease_token(worker);
         let v = self
             .run(
                 &SCRIPTS.lease,
                 q,
-                &[ms.as_bytes(), worker.as_bytes(), budget.as_bytes()],
+                &[ms.as_bytes(), token.as_bytes(), budget.as_bytes()],
             )
             .await?;
-        let items = array("lease", v)?;
-        match tag(&items).as_deref() {
-            Some("LEASED") if items.len() == 9 => Ok(LeaseOutcome::Leased(Lease {
-                queue: q,
-                id: string(&items[1]),
-                tenant: string(&items[2]),
-                payload: string(&items[3]),
-                attempts: int(&items[4]) as u32,
-                seq: int(&items[5]),
-                token: string(&items[6]),
-                deadline_ms: int(&items[7]),
-                enqueued_ms: int(&items[8]),
-            })),
-            Some("EMPTY") => Ok(LeaseOutcome::Empty {
-                retry_after: Duration::from_millis(items.get(1).map(int).unwrap_or(1000)),
-            }),
-            Some("AGAIN") => Ok(LeaseOutcome::Again),
-            _ => Err(unexpected("lease", &items)),
+        parse_lease(q, &array("lease", v)?)
+    }
+
+    /// Acknowledge `done` and lease the next envelope of the same queue in
+    /// one script call: the worker's loop after each delivery, at one round
+    /// trip instead of two. The bool is what [`Store::ack`] would return.
+    pub async fn ack_and_lease(
+        &self,
+        done: &Lease,
+        elapsed: Duration,
+        worker: &str,
+        lease_for: Duration,
+    ) -> Result<(bool, LeaseOutcome)> {
+        let secs = elapsed.as_secs_f64().to_string();
+        let ms = lease_for.as_millis().max(1).to_string();
+        let budget = LEASE_SCAN_BUDGET.to_string();
+        let token = lease_token(worker);
+        let v = self
+            .run(
+                &SCRIPTS.ack_lease,
+                done.queue,
+                &[
+                    done.id.as_bytes(),
+                    done.token.as_bytes(),
+                    secs.as_bytes(),
+                    ms.as_bytes(),
+                    token.as_bytes(),
+                    budget.as_bytes(),
+                ],
+            )
+            .await?;
+        let items = array("ack_lease", v)?;
+        match items.split_first() {
+            Some((acked, lease)) => Ok((string(acked) == "OK", parse_lease(done.queue, lease)?)),
+            None => Err(unexpected("ack_lease", &items)),
         }
     }
 
@@ -740,6 +778,32 @@ impl Store {
     }
 }
 
+/// A lease token, unique per lease, so a late ack from an expired holder is told apart.
+fn lease_token(worker: &str) -> String {
+    format!("{worker}:{:016x}", rand::random::<u64>())
+}
+
+fn parse_lease(q: QueueId, items: &[Value]) -> Result<LeaseOutcome> {
+    match tag(items).as_deref() {
+        Some("LEASED") if items.len() == 9 => Ok(LeaseOutcome::Leased(Lease {
+            queue: q,
+            id: string(&items[1]),
+            tenant: string(&items[2]),
+            payload: string(&items[3]),
+            attempts: int(&items[4]) as u32,
+            seq: int(&items[5]),
+            token: string(&items[6]),
+            deadline_ms: int(&items[7]),
+            enqueued_ms: int(&items[8]),
+        })),
+        Some("EMPTY") => Ok(LeaseOutcome::Empty {
+            retry_after: Duration::from_millis(items.get(1).map(int).unwrap_or(1000)),
+        }),
+        Some("AGAIN") => Ok(LeaseOutcome::Again),
+        _ => Err(unexpected("lease", items)),
+    }
+}
+
 /// Validate an envelope and encode it as stored.
 fn encode(env: &Envelope) -> Result<Vec<u8>> {
     env.validate()?;
@@ -756,26 +820,19 @@ fn unexpected(script: &'static str, items: &[Value]) -> StoreError {
     }
 }
 
-fn parse_enqueue(v: Value) -> Result<EnqueueOutcome> {
-    let items = array("enqueue", v)?;
-    match tag(&items).as_deref() {
-        Some("OK") => Ok(EnqueueOutcome::Queued {
-            seq: items.get(1).map(int).unwrap_or(0),
-        }),
-        Some("HELD") => Ok(EnqueueOutcome::Held {
-            seq: items.get(1).map(int).unwrap_or(0),
-        }),
-        Some("DUP") => Ok(EnqueueOutcome::Duplicate),
-        Some("MOVED") => {
-            let q = items.get(1).map(string).unwrap_or_default();
-            q.parse()
-                .map(EnqueueOutcome::Moved)
-                .map_err(|e| StoreError::Protocol {
-                    script: "enqueue",
-                    detail: format!("MOVED to {e}"),
-                })
-        }
-        _ => Err(unexpected("enqueue", &items)),
+fn parse_enqueue(tag: &Value, value: &Value) -> Result<EnqueueOutcome> {
+    match string(tag).as_str() {
+        "OK" => Ok(EnqueueOutcome::Queued { seq: int(value) }),
+        "HELD" => Ok(EnqueueOutcome::Held { seq: int(value) }),
+        "DUP" => Ok(EnqueueOutcome::Duplicate),
+        "MOVED" => string(value)
+            .parse()
+            .map(EnqueueOutcome::Moved)
+            .map_err(|e| StoreError::Protocol {
+                script: "enqueue",
+                detail: format!("MOVED to {e}"),
+            }),
+        _ => Err(unexpected("enqueue", &[tag.clone(), value.clone()])),
     }
 }
 

@@ -2,7 +2,8 @@
 -- `lk:{<namespace>/<set>/<queue>}`: every key below starts with it, so all
 -- keys of a queue share one hash tag and each script touches one slot.
 --
---   P:conf            HASH  quantum, cap, ordered, weight, est0, maxatt, idttl
+--   P:conf            HASH  quantum, cap, ordered, weight, est0, maxatt, idttl,
+--                           mnext (next time a lease does maintenance)
 --   P:weights         HASH  tenant -> weight
 --   P:fresh           LIST  tenants that just became active (served first, one turn)
 --   P:ring            LIST  backlogged tenants, DRR order (head is served)
@@ -38,7 +39,7 @@ local function lane(t) return P .. ':q:' .. t end
 local function hold(t) return P .. ':h:' .. t end
 local function ekey(id) return P .. ':e:' .. id end
 
-local CONF = redis.call('HMGET', P .. ':conf', 'quantum', 'cap', 'ordered', 'weight', 'est0', 'maxatt', 'idttl')
+local CONF = redis.call('HMGET', P .. ':conf', 'quantum', 'cap', 'ordered', 'weight', 'est0', 'maxatt', 'idttl', 'mnext')
 local QUANTUM = tonumber(CONF[1]) or 2.0
 local ORDERED = CONF[3] == '1'
 local CAP = ORDERED and 1 or (tonumber(CONF[2]) or 8)
@@ -46,6 +47,7 @@ local DEFAULT_WEIGHT = tonumber(CONF[4]) or 1.0
 local EST0 = tonumber(CONF[5]) or 1.0
 local MAX_ATTEMPTS = tonumber(CONF[6]) or 10
 local ID_TTL = tonumber(CONF[7]) or 86400
+local MAINT_NEXT = tonumber(CONF[8]) or 0
 
 local function weight(t)
   return tonumber(redis.call('HGET', P .. ':weights', t)) or DEFAULT_WEIGHT
@@ -88,15 +90,23 @@ local function release(t)
   end
 end
 
--- Settle the worker-seconds actually used against the estimate charged at lease.
-local function settle(t, charged, actual, now)
+-- Settle the worker-seconds actually used against the estimate charged at
+-- lease, and with `free_slot` release the in-flight slot (a tenant parked at
+-- its cap then rejoins the ring if it has work).
+local function settle(t, charged, actual, now, free_slot)
   local tk = tkey(t)
-  local e = tonumber(redis.call('HGET', tk, 'e')) or EST0
-  redis.call('HINCRBYFLOAT', tk, 'd', charged - actual)
-  redis.call('HSET', tk, 'e', e + 0.3 * (actual - e))
+  local st = redis.call('HMGET', tk, 'e', 'f', 'k', 'd')
+  local e, f = tonumber(st[1]) or EST0, tonumber(st[2]) or 0
+  if free_slot then f = math.max(f - 1, 0) end
+  redis.call('HSET', tk, 'e', e + 0.3 * (actual - e), 'f', f, 'd', (tonumber(st[4]) or 0) + charged - actual)
   local bucket = P .. ':ws:' .. math.floor(now / 10000)
-  redis.call('HINCRBYFLOAT', bucket, t, actual)
-  redis.call('EXPIRE', bucket, 7200)
+  local total = tonumber(redis.call('HINCRBYFLOAT', bucket, t, actual))
+  -- the first write to a bucket is always a tenant's first in it: set the TTL then
+  if math.abs(total - actual) < 1e-9 then redis.call('EXPIRE', bucket, 7200) end
+  if free_slot and st[3] == '1' and f < CAP then
+    redis.call('HSET', tk, 'k', 0)
+    activate(t)
+  end
 end
 
 local function depth_down(t)
@@ -153,7 +163,7 @@ local function reap(now, limit)
     local m = redis.call('HMGET', ek, 't', 's', 'c', 'at', 'p')
     if m[1] then
       local t = m[1]
-      settle(t, tonumber(m[3]) or 0, (now - (tonumber(m[4]) or now)) / 1000, now)
+      settle(t, tonumber(m[3]) or 0, (now - (tonumber(m[4]) or now)) / 1000, now, true)
       local a = redis.call('HINCRBY', ek, 'a', 1)
       redis.call('HDEL', ek, 'l', 'c', 'at')
       if a >= MAX_ATTEMPTS then
@@ -161,7 +171,6 @@ local function reap(now, limit)
       else
         items[#items + 1] = { t, tonumber(m[2]), id }
       end
-      release(t)
     end
   end
   return_to_head(items)

@@ -10,20 +10,17 @@ if not m[1] or m[2] ~= token then return { 'STALE' } end
 local t = m[1]
 local now = now_ms()
 redis.call('ZREM', LEASES, id)
-settle(t, tonumber(m[3]) or 0, elapsed, now)
 local a = redis.call('HINCRBY', ek, 'a', 1)
-redis.call('HDEL', ek, 'l', 'c', 'at')
-if dead or a >= MAX_ATTEMPTS then
+dead = dead or a >= MAX_ATTEMPTS
+-- a retry under PerTenant ordering keeps the tenant's only slot
+settle(t, tonumber(m[3]) or 0, elapsed, now, dead or not ORDERED)
+if dead then
   dead_letter(id, t, a, cause, now, m[4])
-  release(t)
   return { 'DEAD', a }
 end
+redis.call('HDEL', ek, 'l', 'c', 'at')
 local due = now + delay
 redis.call('ZADD', DELAYED, due, id)
 redis.call('HINCRBY', tkey(t), 'w', 1)
-if ORDERED then
-  redis.call('HSET', ek, 'x', 1)
-else
-  release(t)
-end
+if ORDERED then redis.call('HSET', ek, 'x', 1) end
 return { 'RETRY', a, due }
