@@ -144,6 +144,17 @@ async fn run(ops: Vec<Op>, ordered: bool) -> Result<(), TestCaseError> {
         "an envelope was acked twice: {:?}",
         acked
     );
+    // Attribution agrees: nothing outstanding, every delivery counted once.
+    let stats = s.tenant_stats(Q, Duration::from_secs(600)).await.unwrap();
+    prop_assert!(
+        stats.iter().all(|t| t.depth == 0),
+        "depth left over: {:?}",
+        stats
+    );
+    prop_assert_eq!(
+        stats.iter().map(|t| t.delivered).sum::<u64>(),
+        enqueued.len() as u64
+    );
     if ordered {
         for (t, seqs) in &order {
             prop_assert!(

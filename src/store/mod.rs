@@ -726,29 +726,57 @@ impl Store {
         };
         let newest = now_ms / (WORKER_SECONDS_BUCKET * 1000);
         let buckets = window.as_secs().div_ceil(WORKER_SECONDS_BUCKET).max(1);
+        let tenants: Vec<String> = redis::cmd("SMEMBERS")
+            .arg(format!("{p}:tenants"))
+            .query_async(&mut conn)
+            .await?;
         let mut pipe = redis::pipe();
-        pipe.hgetall(format!("{p}:depth"))
-            .hgetall(format!("{p}:delivered"))
-            .hgetall(format!("{p}:failed"));
+        for t in &tenants {
+            pipe.cmd("HMGET")
+                .arg(format!("{p}:t:{t}"))
+                .arg(&["n", "ok", "ko"]);
+        }
         for b in 0..buckets {
             pipe.hgetall(format!("{p}:ws:{}", newest.saturating_sub(b)));
         }
-        let replies: Vec<BTreeMap<String, String>> = pipe.query_async(&mut conn).await?;
+        let replies: Vec<Value> = pipe.query_async(&mut conn).await?;
+        let (counters, windows) = replies.split_at(tenants.len().min(replies.len()));
         let mut by_tenant: BTreeMap<String, TenantStats> = BTreeMap::new();
-        for (i, map) in replies.iter().enumerate() {
-            for (t, v) in map {
-                let s = by_tenant.entry(t.clone()).or_insert_with(|| TenantStats {
+        for (t, v) in tenants.iter().zip(counters) {
+            let n: Vec<Option<u64>> =
+                redis::from_redis_value_ref(v).map_err(|e| StoreError::Protocol {
+                    script: "tenant stats",
+                    detail: format!("counters of {t}: {e}"),
+                })?;
+            let field = |i: usize| n.get(i).copied().flatten().unwrap_or(0);
+            by_tenant.insert(
+                t.clone(),
+                TenantStats {
                     tenant: t.clone(),
-                    ..Default::default()
-                });
-                match i {
-                    0 => s.depth = v.parse().unwrap_or(0),
-                    1 => s.delivered = v.parse().unwrap_or(0),
-                    2 => s.failed = v.parse().unwrap_or(0),
-                    _ => s.worker_seconds += v.parse::<f64>().unwrap_or(0.0),
-                }
+                    depth: field(0),
+                    delivered: field(1),
+                    failed: field(2),
+                    worker_seconds: 0.0,
+                },
+            );
+        }
+        for v in windows {
+            let map: BTreeMap<String, f64> =
+                redis::from_redis_value_ref(v).map_err(|e| StoreError::Protocol {
+                    script: "tenant stats",
+                    detail: format!("worker-seconds bucket: {e}"),
+                })?;
+            for (t, secs) in map {
+                by_tenant
+                    .entry(t.clone())
+                    .or_insert_with(|| TenantStats {
+                        tenant: t,
+                        ..Default::default()
+                    })
+                    .worker_seconds += secs;
             }
         }
+        by_tenant.retain(|_, s| s.depth + s.delivered + s.failed > 0 || s.worker_seconds > 0.0);
         let mut out: Vec<TenantStats> = by_tenant.into_values().collect();
         out.sort_by(|a, b| {
             b.worker_seconds

@@ -9,7 +9,9 @@
 --   P:ring            LIST  backlogged tenants, DRR order (head is served)
 --   P:t:<tenant>      HASH  d deficit (worker-s), f in flight, r on fresh/ring, k parked at cap,
 --                           e estimate (s), b fresh-turn budget, p paused, m moved-to queue,
---                           w delayed, h held
+--                           w delayed, h held, n depth (queued, held, delayed or in flight),
+--                           ok delivered, ko dead-lettered
+--   P:tenants         SET   every tenant that has had work here (for attribution)
 --   P:q:<tenant>      LIST  the tenant's lane: envelope ids, head first
 --   P:h:<tenant>      LIST  hold buffer while paused
 --   P:e:<id>          HASH  t tenant, s seq, a attempts, p payload, n enqueued ms,
@@ -19,9 +21,6 @@
 --   P:leases          ZSET  id -> lease deadline ms
 --   P:delayed         ZSET  id -> retry due ms
 --   P:dead            LIST  dead letters (JSON)
---   P:depth           HASH  tenant -> outstanding (queued, held, delayed, in flight)
---   P:delivered       HASH  tenant -> delivered count
---   P:failed          HASH  tenant -> dead-lettered count
 --   P:ws:<bucket>     HASH  tenant -> worker-seconds in a 10 s bucket (expires)
 local P = KEYS[1]
 local RING = P .. ':ring'
@@ -91,14 +90,21 @@ local function release(t)
 end
 
 -- Settle the worker-seconds actually used against the estimate charged at
--- lease, and with `free_slot` release the in-flight slot (a tenant parked at
--- its cap then rejoins the ring if it has work).
-local function settle(t, charged, actual, now, free_slot)
+-- lease, in one read and one write of the tenant's state. With `free_slot`
+-- the in-flight slot is released (a tenant parked at its cap then rejoins
+-- the ring if it has work). `outcome` counts the envelope: 'delivered',
+-- 'dead' (both leave the depth), 'retry' (waits in the delayed set) or nil.
+local function settle(t, charged, actual, now, free_slot, outcome)
   local tk = tkey(t)
-  local st = redis.call('HMGET', tk, 'e', 'f', 'k', 'd')
+  local st = redis.call('HMGET', tk, 'e', 'f', 'k', 'd', 'n', 'ok', 'ko', 'w')
   local e, f = tonumber(st[1]) or EST0, tonumber(st[2]) or 0
   if free_slot then f = math.max(f - 1, 0) end
-  redis.call('HSET', tk, 'e', e + 0.3 * (actual - e), 'f', f, 'd', (tonumber(st[4]) or 0) + charged - actual)
+  local n, ok, ko, w = tonumber(st[5]) or 0, tonumber(st[6]) or 0, tonumber(st[7]) or 0, tonumber(st[8]) or 0
+  if outcome == 'delivered' then n, ok = n - 1, ok + 1
+  elseif outcome == 'dead' then n, ko = n - 1, ko + 1
+  elseif outcome == 'retry' then w = w + 1 end
+  redis.call('HSET', tk, 'e', e + 0.3 * (actual - e), 'f', f, 'd', (tonumber(st[4]) or 0) + charged - actual,
+    'n', math.max(n, 0), 'ok', ok, 'ko', ko, 'w', w)
   local bucket = P .. ':ws:' .. math.floor(now / 10000)
   local total = tonumber(redis.call('HINCRBYFLOAT', bucket, t, actual))
   -- the first write to a bucket is always a tenant's first in it: set the TTL then
@@ -109,16 +115,11 @@ local function settle(t, charged, actual, now, free_slot)
   end
 end
 
-local function depth_down(t)
-  if redis.call('HINCRBY', P .. ':depth', t, -1) <= 0 then redis.call('HDEL', P .. ':depth', t) end
-end
-
+-- Record the dead letter; the caller has counted it (settle 'dead').
 local function dead_letter(id, t, attempts, cause, now, payload)
   redis.call('RPUSH', P .. ':dead', cjson.encode({
     id = id, tenant = t, attempts = attempts, cause = cause, at = now, envelope = payload or '' }))
   redis.call('DEL', ekey(id))
-  depth_down(t)
-  redis.call('HINCRBY', P .. ':failed', t, 1)
 end
 
 -- Return envelopes to the head of their tenants' lanes in original (seq) order.
@@ -163,10 +164,11 @@ local function reap(now, limit)
     local m = redis.call('HMGET', ek, 't', 's', 'c', 'at', 'p')
     if m[1] then
       local t = m[1]
-      settle(t, tonumber(m[3]) or 0, (now - (tonumber(m[4]) or now)) / 1000, now, true)
       local a = redis.call('HINCRBY', ek, 'a', 1)
+      local dead = a >= MAX_ATTEMPTS
+      settle(t, tonumber(m[3]) or 0, (now - (tonumber(m[4]) or now)) / 1000, now, true, dead and 'dead' or nil)
       redis.call('HDEL', ek, 'l', 'c', 'at')
-      if a >= MAX_ATTEMPTS then
+      if dead then
         dead_letter(id, t, a, 'lease expired ' .. a .. ' times without an ack (worker died or hung)', now, m[5])
       else
         items[#items + 1] = { t, tonumber(m[2]), id }

@@ -72,7 +72,8 @@ local function lease_next(lease_ms, token, budget, now)
         -- an id without its record cannot be delivered; say so instead of dropping it silently
         redis.call('RPUSH', P .. ':dead', cjson.encode({ id = id, tenant = t, attempts = 0,
           cause = 'envelope record missing from the queue', at = now, envelope = '' }))
-        depth_down(t)
+        redis.call('HINCRBY', tk, 'n', -1)
+        redis.call('HINCRBY', tk, 'ko', 1)
         reposition(list, t, tk, d, f, 0)
       else
         local deadline = now + lease_ms
@@ -100,8 +101,6 @@ local function ack_one(id, token, elapsed, now)
   local t = m[1]
   redis.call('DEL', ek)
   redis.call('ZREM', LEASES, id)
-  settle(t, tonumber(m[3]) or 0, elapsed, now, true)
-  depth_down(t)
-  redis.call('HINCRBY', P .. ':delivered', t, 1)
+  settle(t, tonumber(m[3]) or 0, elapsed, now, true, 'delivered')
   return 'OK'
 end

@@ -41,7 +41,10 @@ for k = 1, n do
 end
 for _, t in ipairs(order) do
   local ts = tenants[t]
-  if ts.added > 0 then redis.call('HINCRBY', P .. ':depth', t, ts.added) end
+  if ts.added > 0 then
+    redis.call('HINCRBY', tkey(t), 'n', ts.added)
+    redis.call('SADD', P .. ':tenants', t)
+  end
   if ts.held > 0 then redis.call('HINCRBY', tkey(t), 'h', ts.held) end
   if ts.added > ts.held then activate_fresh(t) end
 end

@@ -10,9 +10,12 @@ for i = 2, #ARGV, 4 do
     local seq = redis.call('INCR', P .. ':seq')
     redis.call('HSET', ekey(id), 't', t, 's', seq, 'a', ARGV[i + 1], 'p', ARGV[i + 2], 'n', ARGV[i + 3])
     redis.call('RPUSH', lane(t), id)
-    redis.call('HINCRBY', P .. ':depth', t, 1)
     n = n + 1
   end
+end
+if n > 0 then
+  redis.call('HINCRBY', tkey(t), 'n', n)
+  redis.call('SADD', P .. ':tenants', t)
 end
 activate(t)
 return n

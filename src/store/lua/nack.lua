@@ -13,7 +13,7 @@ redis.call('ZREM', LEASES, id)
 local a = redis.call('HINCRBY', ek, 'a', 1)
 dead = dead or a >= MAX_ATTEMPTS
 -- a retry under PerTenant ordering keeps the tenant's only slot
-settle(t, tonumber(m[3]) or 0, elapsed, now, dead or not ORDERED)
+settle(t, tonumber(m[3]) or 0, elapsed, now, dead or not ORDERED, dead and 'dead' or 'retry')
 if dead then
   dead_letter(id, t, a, cause, now, m[4])
   return { 'DEAD', a }
@@ -21,6 +21,5 @@ end
 redis.call('HDEL', ek, 'l', 'c', 'at')
 local due = now + delay
 redis.call('ZADD', DELAYED, due, id)
-redis.call('HINCRBY', tkey(t), 'w', 1)
 if ORDERED then redis.call('HSET', ek, 'x', 1) end
 return { 'RETRY', a, due }

@@ -1,6 +1,6 @@
 -- ARGV: tenant. Returns {queued, in_flight, delayed, held, paused, moved_to, depth}.
 local t = ARGV[1]
-local st = redis.call('HMGET', tkey(t), 'f', 'w', 'p', 'm')
+local st = redis.call('HMGET', tkey(t), 'f', 'w', 'p', 'm', 'n')
 return { redis.call('LLEN', lane(t)), tonumber(st[1]) or 0, tonumber(st[2]) or 0,
   redis.call('LLEN', hold(t)), st[3] == '1' and 1 or 0, st[4] or '',
-  tonumber(redis.call('HGET', P .. ':depth', t)) or 0 }
+  tonumber(st[5]) or 0 }

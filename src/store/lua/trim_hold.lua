@@ -7,9 +7,11 @@ for i = 2, #ARGV do
   if redis.call('LINDEX', hold(t), 0) == id then
     redis.call('LPOP', hold(t))
     redis.call('DEL', ekey(id))
-    redis.call('HINCRBY', tkey(t), 'h', -1)
-    depth_down(t)
     n = n + 1
   end
+end
+if n > 0 then
+  redis.call('HINCRBY', tkey(t), 'h', -n)
+  redis.call('HINCRBY', tkey(t), 'n', -n)
 end
 return n
