@@ -95,7 +95,7 @@ async fn fair(url: &str, tenants: u64) -> f64 {
                     .ack_and_lease(&held, Duration::from_millis(20), &worker, lease_for)
                     .await
                     .unwrap();
-                assert!(acked);
+                assert!(acked.acked);
                 held = leased(next);
             }
             assert!(store.ack(&held, Duration::from_millis(20)).await.unwrap());

@@ -37,6 +37,31 @@ pub struct QueuePolicy {
     pub max_attempts: u32,
     /// How long an envelope id is remembered for idempotency.
     pub idempotency_window: Duration,
+    /// Circuit breaker, per tenant endpoint, shared by the queue's workers.
+    pub breaker: BreakerPolicy,
+}
+
+/// When an endpoint's breaker opens and how long it stays open.
+#[derive(Clone, Debug, PartialEq)]
+pub struct BreakerPolicy {
+    /// Failure ratio over `window` at or above which it opens.
+    pub failure_ratio: f64,
+    /// Fewest requests in `window` before the ratio counts.
+    pub min_requests: u32,
+    pub window: Duration,
+    /// Open this long before one probe goes out.
+    pub open_for: Duration,
+}
+
+impl Default for BreakerPolicy {
+    fn default() -> Self {
+        Self {
+            failure_ratio: 0.5,
+            min_requests: 20,
+            window: Duration::from_secs(60),
+            open_for: Duration::from_secs(30),
+        }
+    }
 }
 
 impl Default for QueuePolicy {
@@ -50,6 +75,7 @@ impl Default for QueuePolicy {
             initial_estimate_seconds: 1.0,
             max_attempts: 10,
             idempotency_window: Duration::from_secs(24 * 3600),
+            breaker: BreakerPolicy::default(),
         }
     }
 }
@@ -70,6 +96,12 @@ impl QueuePolicy {
                 .map(|w| (w.tenant.clone(), w.weight))
                 .collect(),
             max_attempts: spec.delivery.max_attempts.max(1) as u32,
+            breaker: BreakerPolicy {
+                failure_ratio: spec.delivery.breaker.failure_ratio,
+                min_requests: spec.delivery.breaker.min_requests.max(1) as u32,
+                window: spec.delivery.breaker.window.into(),
+                open_for: spec.delivery.breaker.open_for.into(),
+            },
             ..Self::default()
         }
     }

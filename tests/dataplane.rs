@@ -13,7 +13,8 @@ use lanekeeper::producer::Producer;
 use lanekeeper::routing::{hash_shard, QueueId};
 use lanekeeper::scheduler::QueuePolicy;
 use lanekeeper::store::{
-    ConnectOptions, EnqueueOutcome, Lease, LeaseOutcome, NackOutcome, SetId, Store, StoreError,
+    ConnectOptions, EnqueueOutcome, Failure, Lease, LeaseOutcome, NackOutcome, SetId, Store,
+    StoreError,
 };
 
 const Q: QueueId = QueueId::Shard(0);
@@ -148,12 +149,14 @@ async fn corrupt_stored_envelope_is_dead_lettered_not_fatal() {
         s.nack(
             &l,
             Duration::ZERO,
-            &format!("corrupt envelope: {cause}"),
-            None
+            &Failure::dead(&format!("corrupt envelope: {cause}"))
         )
         .await
         .unwrap(),
-        NackOutcome::Dead { attempts: 1 }
+        NackOutcome::Dead {
+            attempts: 1,
+            breaker: None
+        }
     );
     let dead = s.dead_letters(Q, 10).await.unwrap();
     assert_eq!(dead.len(), 1);
@@ -390,8 +393,7 @@ async fn nack_retries_with_backoff_then_dead_letters() {
             .nack(
                 &l,
                 Duration::from_millis(5),
-                "HTTP 503",
-                Some(Duration::from_millis(100)),
+                &Failure::retry("HTTP 503", Duration::from_millis(100)),
             )
             .await
             .unwrap();
@@ -413,12 +415,17 @@ async fn nack_retries_with_backoff_then_dead_letters() {
         .nack(
             &l,
             Duration::from_millis(5),
-            "HTTP 410 Gone",
-            Some(Duration::from_millis(100)),
+            &Failure::retry("HTTP 410 Gone", Duration::from_millis(100)),
         )
         .await
         .unwrap();
-    assert_eq!(out, NackOutcome::Dead { attempts: 3 });
+    assert_eq!(
+        out,
+        NackOutcome::Dead {
+            attempts: 3,
+            breaker: None
+        }
+    );
     let dead = s.dead_letters(Q, 10).await.unwrap();
     assert_eq!(dead[0].cause, "HTTP 410 Gone");
     assert_eq!(dead[0].attempts, 3);
@@ -449,8 +456,7 @@ async fn per_tenant_order_blocks_only_the_failing_tenant() {
                 s.nack(
                     &l,
                     Duration::ZERO,
-                    "HTTP 500",
-                    Some(Duration::from_millis(200)),
+                    &Failure::retry("HTTP 500", Duration::from_millis(200)),
                 )
                 .await
                 .unwrap();
@@ -630,32 +636,125 @@ async fn ack_and_lease_is_one_round_trip_of_both() {
         s.enqueue(Q, &env("acme", i)).await.unwrap();
     }
     let first = lease(&s, Q).await.unwrap();
-    let (acked, next) = s
+    let (ack, next) = s
         .ack_and_lease(&first, Duration::from_millis(10), "w1", LEASE)
         .await
         .unwrap();
-    assert!(acked);
+    assert!(ack.acked);
     let LeaseOutcome::Leased(second) = next else {
         panic!("{next:?}")
     };
     assert_eq!((seq_of(&first), seq_of(&second)), (0, 1));
     // A stale ack is refused, and the lease half still happens.
-    let (acked, next) = s
+    let (ack, next) = s
         .ack_and_lease(&first, Duration::from_millis(10), "w1", LEASE)
         .await
         .unwrap();
-    assert!(!acked);
+    assert!(!ack.acked);
     let LeaseOutcome::Leased(third) = next else {
         panic!("{next:?}")
     };
     assert_eq!(seq_of(&third), 2);
-    let (acked, next) = s
+    let (ack, next) = s
         .ack_and_lease(&second, Duration::from_millis(10), "w1", LEASE)
         .await
         .unwrap();
-    assert!(acked);
+    assert!(ack.acked);
     assert!(matches!(next, LeaseOutcome::Empty { .. }), "{next:?}");
     assert!(s.ack(&third, Duration::from_millis(10)).await.unwrap());
     let stats = s.tenant_stats(Q, Duration::from_secs(60)).await.unwrap();
     assert_eq!((stats[0].depth, stats[0].delivered), (0, 3));
+}
+
+#[tokio::test]
+async fn open_breaker_gives_the_tenant_share_to_others_then_a_probe_closes_it() {
+    use lanekeeper::scheduler::BreakerPolicy;
+    use lanekeeper::store::BreakerChange;
+    let policy = QueuePolicy {
+        breaker: BreakerPolicy {
+            failure_ratio: 0.5,
+            min_requests: 3,
+            window: Duration::from_secs(60),
+            open_for: Duration::from_millis(300),
+        },
+        ..Default::default()
+    };
+    let s = store(policy).await;
+    for i in 0..10 {
+        s.enqueue(Q, &env("broken", i)).await.unwrap();
+        s.enqueue(Q, &env("fine", i)).await.unwrap();
+    }
+    // Fail `broken`'s endpoint until its breaker opens.
+    let mut opened = false;
+    let mut failures = 0;
+    while !opened {
+        let l = lease(&s, Q).await.unwrap();
+        if l.tenant == "fine" {
+            s.ack(&l, Duration::from_millis(1)).await.unwrap();
+            continue;
+        }
+        failures += 1;
+        let out = s
+            .nack(
+                &l,
+                Duration::from_millis(1),
+                &Failure::retry("HTTP 503", Duration::ZERO).blame_endpoint(),
+            )
+            .await
+            .unwrap();
+        opened = matches!(
+            out,
+            NackOutcome::Retry {
+                breaker: Some(BreakerChange::Opened),
+                ..
+            }
+        );
+        assert!(
+            failures <= 3,
+            "the breaker should open at the third failure"
+        );
+    }
+    // While open, only `fine` is leased.
+    let mut fine = 0;
+    while let Some(l) = lease(&s, Q).await {
+        assert_eq!(l.tenant, "fine", "an open breaker's tenant was leased");
+        s.ack(&l, Duration::from_millis(1)).await.unwrap();
+        fine += 1;
+    }
+    assert!(fine >= 7, "fine tenant kept flowing: {fine}");
+    // After open_for, one probe goes out; its success closes the breaker.
+    tokio::time::sleep(Duration::from_millis(350)).await;
+    let probe = lease(&s, Q)
+        .await
+        .expect("a probe after the breaker cooled down");
+    assert_eq!(probe.tenant, "broken");
+    assert_eq!(probe.breaker, Some(BreakerChange::HalfOpen));
+    assert!(
+        lease(&s, Q).await.is_none(),
+        "only one probe while half-open"
+    );
+    let (ack, next) = s
+        .ack_and_lease(&probe, Duration::from_millis(1), "w1", LEASE)
+        .await
+        .unwrap();
+    assert_eq!(ack.breaker, Some(BreakerChange::Closed));
+    let LeaseOutcome::Leased(after) = next else {
+        panic!("{next:?}")
+    };
+    assert_eq!(
+        after.tenant, "broken",
+        "closed breaker: the tenant flows again"
+    );
+}
+
+#[tokio::test]
+async fn release_returns_the_envelope_without_counting_an_attempt() {
+    let s = store(QueuePolicy::default()).await;
+    s.enqueue(Q, &env("acme", 0)).await.unwrap();
+    s.enqueue(Q, &env("acme", 1)).await.unwrap();
+    let l = lease(&s, Q).await.unwrap();
+    assert!(s.release(&l).await.unwrap());
+    assert!(!s.release(&l).await.unwrap(), "release is idempotent");
+    let again = lease(&s, Q).await.unwrap();
+    assert_eq!((seq_of(&again), again.attempts), (0, 0));
 }

@@ -11,7 +11,7 @@ use std::time::Duration;
 use lanekeeper::envelope::Envelope;
 use lanekeeper::routing::QueueId;
 use lanekeeper::scheduler::QueuePolicy;
-use lanekeeper::store::{Lease, LeaseOutcome, SetId, Store};
+use lanekeeper::store::{Failure, Lease, LeaseOutcome, SetId, Store};
 use proptest::prelude::*;
 
 const Q: QueueId = QueueId::Shard(0);
@@ -96,8 +96,7 @@ async fn run(ops: Vec<Op>, ordered: bool) -> Result<(), TestCaseError> {
                 s.nack(
                     &l,
                     Duration::from_millis(3),
-                    "model failure",
-                    Some(Duration::from_millis(1)),
+                    &Failure::retry("model failure", Duration::from_millis(1)),
                 )
                 .await
                 .unwrap();

@@ -116,6 +116,8 @@ pub struct Lease {
     pub token: String,
     pub deadline_ms: u64,
     pub enqueued_ms: u64,
+    /// This lease is the probe of a half-open breaker.
+    pub breaker: Option<BreakerChange>,
 }
 
 impl Lease {
@@ -142,11 +144,97 @@ pub enum LeaseOutcome {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum NackOutcome {
     /// Back in the delayed set, due at `due_ms`.
-    Retry { attempts: u32, due_ms: u64 },
+    Retry {
+        attempts: u32,
+        due_ms: u64,
+        breaker: Option<BreakerChange>,
+    },
     /// On the dead-letter list.
-    Dead { attempts: u32 },
+    Dead {
+        attempts: u32,
+        breaker: Option<BreakerChange>,
+    },
     /// The lease was gone already.
     Stale,
+}
+
+/// A failed delivery, as the worker reports it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Failure<'a> {
+    /// What went wrong, for the dead letter and the logs.
+    pub cause: &'a str,
+    /// Retry after this long; `None` dead-letters now.
+    pub retry_in: Option<Duration>,
+    /// The endpoint is at fault (5xx, 429, timeout, connection error): counts
+    /// against its circuit breaker.
+    pub endpoint_fault: bool,
+}
+
+impl<'a> Failure<'a> {
+    /// Retry after `after`.
+    pub fn retry(cause: &'a str, after: Duration) -> Self {
+        Self {
+            cause,
+            retry_in: Some(after),
+            endpoint_fault: false,
+        }
+    }
+
+    /// Dead-letter now.
+    pub fn dead(cause: &'a str) -> Self {
+        Self {
+            cause,
+            retry_in: None,
+            endpoint_fault: false,
+        }
+    }
+
+    /// Count this failure against the endpoint's circuit breaker.
+    pub fn blame_endpoint(self) -> Self {
+        Self {
+            endpoint_fault: true,
+            ..self
+        }
+    }
+}
+
+/// A state change of an endpoint's circuit breaker, shared by every worker of the queue.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BreakerChange {
+    /// Tripped: the endpoint's envelopes are not leased until it cools down.
+    Opened,
+    /// Cooled down: one probe request goes out.
+    HalfOpen,
+    /// The probe succeeded.
+    Closed,
+}
+
+impl BreakerChange {
+    fn parse(v: Option<&Value>) -> Option<Self> {
+        match v.map(string).as_deref() {
+            Some("open") => Some(BreakerChange::Opened),
+            Some("half-open") => Some(BreakerChange::HalfOpen),
+            Some("closed") => Some(BreakerChange::Closed),
+            _ => None,
+        }
+    }
+
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            BreakerChange::Opened => "open",
+            BreakerChange::HalfOpen => "half-open",
+            BreakerChange::Closed => "closed",
+        }
+    }
+}
+
+/// The answer to an ack.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Acked {
+    /// False when the lease was gone (already acked, or expired and moved on).
+    pub acked: bool,
+    /// The ack closed the endpoint's breaker (a successful probe).
+    pub breaker: Option<BreakerChange>,
 }
 
 /// A tenant's state in one queue, as the relocation phases need it.
@@ -197,6 +285,7 @@ struct Scripts {
     lease: Script,
     ack: Script,
     ack_lease: Script,
+    release: Script,
     nack: Script,
     maintain: Script,
     pause: Script,
@@ -221,6 +310,7 @@ static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| Scripts {
     lease: queue_script(include_str!("lua/lease.lua")),
     ack: queue_script(include_str!("lua/ack.lua")),
     ack_lease: queue_script(include_str!("lua/ack_lease.lua")),
+    release: queue_script(include_str!("lua/release.lua")),
     nack: queue_script(include_str!("lua/nack.lua")),
     maintain: queue_script(include_str!("lua/maintain.lua")),
     pause: queue_script(include_str!("lua/pause.lua")),
@@ -382,6 +472,10 @@ impl Store {
                         "idttl",
                         policy.idempotency_window.as_secs().max(1).to_string(),
                     ),
+                    ("bratio", policy.breaker.failure_ratio.to_string()),
+                    ("bmin", policy.breaker.min_requests.to_string()),
+                    ("bwin", policy.breaker.window.as_millis().to_string()),
+                    ("bopen", policy.breaker.open_for.as_millis().to_string()),
                 ],
             )
             .ignore()
@@ -412,7 +506,12 @@ impl Store {
             .run(
                 &SCRIPTS.enqueue,
                 q,
-                &[env.id.as_bytes(), env.tenant.as_bytes(), &payload],
+                &[
+                    env.id.as_bytes(),
+                    env.tenant.as_bytes(),
+                    env.endpoint.as_deref().unwrap_or("").as_bytes(),
+                    &payload,
+                ],
             )
             .await?;
         let items = array("enqueue", v)?;
@@ -452,7 +551,11 @@ impl Store {
                 .arg(1)
                 .arg(&prefix);
             for (i, payload) in chunk {
-                cmd.arg(&envs[*i].id).arg(&envs[*i].tenant).arg(payload);
+                let env = &envs[*i];
+                cmd.arg(&env.id)
+                    .arg(&env.tenant)
+                    .arg(env.endpoint.as_deref().unwrap_or(""))
+                    .arg(payload);
             }
         }
         if !valid.is_empty() {
@@ -514,7 +617,7 @@ impl Store {
         elapsed: Duration,
         worker: &str,
         lease_for: Duration,
-    ) -> Result<(bool, LeaseOutcome)> {
+    ) -> Result<(Acked, LeaseOutcome)> {
         let secs = elapsed.as_secs_f64().to_string();
         let ms = lease_for.as_millis().max(1).to_string();
         let budget = LEASE_SCAN_BUDGET.to_string();
@@ -534,9 +637,15 @@ impl Store {
             )
             .await?;
         let items = array("ack_lease", v)?;
-        match items.split_first() {
-            Some((acked, lease)) => Ok((string(acked) == "OK", parse_lease(done.queue, lease)?)),
-            None => Err(unexpected("ack_lease", &items)),
+        match items.as_slice() {
+            [acked, change, lease @ ..] => Ok((
+                Acked {
+                    acked: string(acked) == "OK",
+                    breaker: BreakerChange::parse(Some(change)),
+                },
+                parse_lease(done.queue, lease)?,
+            )),
+            _ => Err(unexpected("ack_lease", &items)),
         }
     }
 
@@ -551,22 +660,22 @@ impl Store {
                 &[lease.id.as_bytes(), lease.token.as_bytes(), secs.as_bytes()],
             )
             .await?;
-        Ok(string(&v) == "OK")
+        let items = array("ack", v)?;
+        Ok(tag(&items).as_deref() == Some("OK"))
     }
 
     /// Report a failed delivery. With `retry_in`, the envelope waits in the
     /// delayed set and then returns to the head of its lane; with `None`, or
-    /// after the last attempt, it is dead-lettered with `cause`.
+    /// after the last attempt, it is dead-lettered with the cause.
     pub async fn nack(
         &self,
         lease: &Lease,
         elapsed: Duration,
-        cause: &str,
-        retry_in: Option<Duration>,
+        failure: &Failure<'_>,
     ) -> Result<NackOutcome> {
         let secs = elapsed.as_secs_f64().to_string();
-        let delay = retry_in.unwrap_or_default().as_millis().to_string();
-        let dead = if retry_in.is_none() { "1" } else { "0" };
+        let delay = failure.retry_in.unwrap_or_default().as_millis().to_string();
+        let flag = |b: bool| if b { "1" } else { "0" };
         let v = self
             .run(
                 &SCRIPTS.nack,
@@ -576,8 +685,9 @@ impl Store {
                     lease.token.as_bytes(),
                     secs.as_bytes(),
                     delay.as_bytes(),
-                    dead.as_bytes(),
-                    cause.as_bytes(),
+                    flag(failure.retry_in.is_none()).as_bytes(),
+                    failure.cause.as_bytes(),
+                    flag(failure.endpoint_fault).as_bytes(),
                 ],
             )
             .await?;
@@ -586,13 +696,29 @@ impl Store {
             Some("RETRY") => Ok(NackOutcome::Retry {
                 attempts: items.get(1).map(int).unwrap_or(0) as u32,
                 due_ms: items.get(2).map(int).unwrap_or(0),
+                breaker: BreakerChange::parse(items.get(3)),
             }),
             Some("DEAD") => Ok(NackOutcome::Dead {
                 attempts: items.get(1).map(int).unwrap_or(0) as u32,
+                breaker: BreakerChange::parse(items.get(3)),
             }),
             Some("STALE") => Ok(NackOutcome::Stale),
             _ => Err(unexpected("nack", &items)),
         }
+    }
+
+    /// Give a leased envelope back undelivered (a worker shutting down): it
+    /// returns to the head of its lane, no attempt counted. False if the
+    /// lease was gone.
+    pub async fn release(&self, lease: &Lease) -> Result<bool> {
+        let v = self
+            .run(
+                &SCRIPTS.release,
+                lease.queue,
+                &[lease.id.as_bytes(), lease.token.as_bytes()],
+            )
+            .await?;
+        Ok(string(&v) == "OK")
     }
 
     /// Promote due retries and reap expired leases, up to `limit` of each.
@@ -699,7 +825,7 @@ impl Store {
             }
             let mut import: Vec<Vec<u8>> = vec![tenant.as_bytes().to_vec()];
             let mut ids: Vec<Vec<u8>> = vec![tenant.as_bytes().to_vec()];
-            for chunk in items.chunks(4) {
+            for chunk in items.chunks(5) {
                 for v in chunk {
                     import.push(bytes(v));
                 }
@@ -813,7 +939,7 @@ fn lease_token(worker: &str) -> String {
 
 fn parse_lease(q: QueueId, items: &[Value]) -> Result<LeaseOutcome> {
     match tag(items).as_deref() {
-        Some("LEASED") if items.len() == 9 => Ok(LeaseOutcome::Leased(Lease {
+        Some("LEASED") if items.len() == 10 => Ok(LeaseOutcome::Leased(Lease {
             queue: q,
             id: string(&items[1]),
             tenant: string(&items[2]),
@@ -823,6 +949,7 @@ fn parse_lease(q: QueueId, items: &[Value]) -> Result<LeaseOutcome> {
             token: string(&items[6]),
             deadline_ms: int(&items[7]),
             enqueued_ms: int(&items[8]),
+            breaker: BreakerChange::parse(items.get(9)),
         })),
         Some("EMPTY") => Ok(LeaseOutcome::Empty {
             retry_after: Duration::from_millis(items.get(1).map(int).unwrap_or(1000)),

@@ -1,9 +1,10 @@
 -- ARGV: id, token, elapsed_s (the delivery just finished), lease_ms,
 -- new token, budget. Acks, then leases the next envelope, in one round trip
 -- (what a worker does after each delivery). Returns the ack answer followed
--- by the lease answer.
+-- and its breaker change by the lease answer.
 local now = now_ms()
-local acked = ack_one(ARGV[1], ARGV[2], tonumber(ARGV[3]), now)
+local acked, change = ack_one(ARGV[1], ARGV[2], tonumber(ARGV[3]), now)
 local leased = lease_next(tonumber(ARGV[4]), ARGV[5], tonumber(ARGV[6]), now)
+table.insert(leased, 1, change)
 table.insert(leased, 1, acked)
 return leased

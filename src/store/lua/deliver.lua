@@ -41,6 +41,7 @@ local function lease_next(lease_ms, token, budget, now)
     maintained = true
     promote_due(now, 32)
     reap(now, 32)
+    unblock_due(now, 32)
   end
   if now >= MAINT_NEXT then
     redis.call('HSET', P .. ':conf', 'mnext', now + 100)
@@ -57,17 +58,32 @@ local function lease_next(lease_ms, token, budget, now)
       local wait = 1000
       local due = redis.call('ZRANGE', DELAYED, 0, 0, 'WITHSCORES')
       if due[2] then wait = math.min(wait, tonumber(due[2]) - now) end
-      local exp = redis.call('ZRANGE', LEASES, 0, 0, 'WITHSCORES')
-      if exp[2] then wait = math.min(wait, tonumber(exp[2]) - now) end
+      for _, z in ipairs({ LEASES, BLOCKED }) do
+        local first = redis.call('ZRANGE', z, 0, 0, 'WITHSCORES')
+        if first[2] then wait = math.min(wait, tonumber(first[2]) - now) end
+      end
       return { 'EMPTY', math.max(wait, 1) }
     end
     local tk = tkey(t)
-    local st = redis.call('HMGET', tk, 'd', 'f', 'e')
+    local st = redis.call('HMGET', tk, 'd', 'f', 'e', 'bw')
     local d, f, e = tonumber(st[1]) or 0, tonumber(st[2]) or 0, tonumber(st[3]) or EST0
     local id = d > 0 and f < CAP and redis.call('LPOP', lane(t))
+    local env, pass, change = nil, true, ''
     if id then
+      env = redis.call('HMGET', ekey(id), 'p', 'a', 's', 'n', 'ep')
+      if env[1] and (tonumber(st[4]) or 0) > 0 and env[5] and env[5] ~= '' then
+        pass, change = breaker_gate(t, env[5], now)
+      end
+    end
+    if id and pass ~= true then
+      -- the head envelope's endpoint is broken: the tenant steps off the ring
+      -- until the breaker lets a probe through, and its share goes to the others
+      redis.call('LPUSH', lane(t), id)
+      redis.call('LPOP', list)
+      redis.call('HSET', tk, 'r', 0, 'bl', 1)
+      redis.call('ZADD', BLOCKED, pass, t)
+    elseif id then
       local ek = ekey(id)
-      local env = redis.call('HMGET', ek, 'p', 'a', 's', 'n')
       if not env[1] then
         -- an id without its record cannot be delivered; say so instead of dropping it silently
         redis.call('RPUSH', P .. ':dead', cjson.encode({ id = id, tenant = t, attempts = 0,
@@ -83,7 +99,7 @@ local function lease_next(lease_ms, token, budget, now)
         f = f + 1
         redis.call('HSET', tk, 'd', d, 'f', f)
         reposition(list, t, tk, d, f, e)
-        return { 'LEASED', id, t, env[1], env[2], env[3], token, deadline, env[4] }
+        return { 'LEASED', id, t, env[1], env[2], env[3], token, deadline, env[4], change }
       end
     else
       reposition(list, t, tk, d, f, 0)
@@ -94,13 +110,14 @@ end
 
 -- Acknowledge a delivery. Returns 'OK', or 'STALE' when the lease is gone
 -- (already acked, or expired and handed to another worker): ack is idempotent.
+-- The second value is the breaker's state change ('closed' after a probe).
 local function ack_one(id, token, elapsed, now)
   local ek = ekey(id)
-  local m = redis.call('HMGET', ek, 't', 'l', 'c')
-  if not m[1] or m[2] ~= token then return 'STALE' end
+  local m = redis.call('HMGET', ek, 't', 'l', 'c', 'ep')
+  if not m[1] or m[2] ~= token then return 'STALE', '' end
   local t = m[1]
   redis.call('DEL', ek)
   redis.call('ZREM', LEASES, id)
-  settle(t, tonumber(m[3]) or 0, elapsed, now, true, 'delivered')
-  return 'OK'
+  local bw = settle(t, tonumber(m[3]) or 0, elapsed, now, true, 'delivered')
+  return 'OK', breaker_record(t, m[4], false, bw, now)
 end

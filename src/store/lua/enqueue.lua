@@ -1,18 +1,18 @@
--- ARGV: id, tenant, payload, repeated for each envelope of the batch (one or
--- many). Returns a flat list with a {tag, value} pair per envelope, in order:
+-- ARGV: id, tenant, endpoint, payload, repeated for each envelope of the
+-- batch (one or many). Returns a flat list with a {tag, value} pair per envelope, in order:
 -- 'OK' seq | 'HELD' seq | 'DUP' 0 | 'MOVED' queue.
 -- Per-tenant state is read once per batch and counters are written once per
 -- tenant, so an import costs a few commands per envelope.
 local now = now_ms()
-local n = #ARGV / 3
+local n = #ARGV / 4
 -- one sequence block for the batch; ids that turn out duplicate leave gaps
 local seq0 = redis.call('INCRBY', P .. ':seq', n) - n
 local out = {}
 local tenants = {} -- tenant -> {paused, moved, added, held}
 local order = {}
 for k = 1, n do
-  local i = 3 * k - 2
-  local id, t, payload = ARGV[i], ARGV[i + 1], ARGV[i + 2]
+  local i = 4 * k - 3
+  local id, t, ep, payload = ARGV[i], ARGV[i + 1], ARGV[i + 2], ARGV[i + 3]
   local ts = tenants[t]
   if not ts then
     local st = redis.call('HMGET', tkey(t), 'p', 'm')
@@ -26,7 +26,7 @@ for k = 1, n do
     out[#out + 1] = 'DUP'; out[#out + 1] = 0
   else
     local seq = seq0 + k
-    redis.call('HSET', ekey(id), 't', t, 's', seq, 'a', 0, 'p', payload, 'n', now)
+    redis.call('HSET', ekey(id), 't', t, 's', seq, 'a', 0, 'p', payload, 'n', now, 'ep', ep)
     ts.added = ts.added + 1
     if ts.paused then
       redis.call('RPUSH', hold(t), id)

@@ -1,13 +1,14 @@
 -- ARGV: tenant, limit. Returns the first `limit` held envelopes as a flat
--- list of id, attempts, payload, enqueued_ms.
+-- list of id, attempts, payload, enqueued_ms, endpoint.
 local t, limit = ARGV[1], tonumber(ARGV[2])
 local ids = redis.call('LRANGE', hold(t), 0, limit - 1)
 local out = {}
 for _, id in ipairs(ids) do
-  local m = redis.call('HMGET', ekey(id), 'a', 'p', 'n')
+  local m = redis.call('HMGET', ekey(id), 'a', 'p', 'n', 'ep')
   out[#out + 1] = id
   out[#out + 1] = m[1] or '0'
   out[#out + 1] = m[2] or ''
   out[#out + 1] = m[3] or '0'
+  out[#out + 1] = m[4] or ''
 end
 return out

@@ -1,14 +1,15 @@
--- ARGV: tenant, then id, attempts, payload, enqueued_ms per envelope.
+-- ARGV: tenant, then id, attempts, payload, enqueued_ms, endpoint per envelope.
 -- Appends envelopes moved from another queue's hold buffer to this lane, in
 -- order. Idempotent: an id already seen here is skipped, so a move that died
 -- halfway can be repeated. Returns the count appended.
 local t = ARGV[1]
 local n = 0
-for i = 2, #ARGV, 4 do
+for i = 2, #ARGV, 5 do
   local id = ARGV[i]
   if redis.call('SET', P .. ':id:' .. id, 1, 'NX', 'EX', ID_TTL) then
     local seq = redis.call('INCR', P .. ':seq')
-    redis.call('HSET', ekey(id), 't', t, 's', seq, 'a', ARGV[i + 1], 'p', ARGV[i + 2], 'n', ARGV[i + 3])
+    redis.call('HSET', ekey(id), 't', t, 's', seq, 'a', ARGV[i + 1], 'p', ARGV[i + 2], 'n', ARGV[i + 3],
+      'ep', ARGV[i + 4])
     redis.call('RPUSH', lane(t), id)
     n = n + 1
   end

@@ -1,11 +1,12 @@
--- ARGV: id, token, elapsed_s, delay_ms, dead (0|1), cause.
--- Returns {'RETRY', attempts, due_ms} | {'DEAD', attempts} | {'STALE'}.
+-- ARGV: id, token, elapsed_s, delay_ms, dead (0|1), cause, endpoint failure (0|1:
+-- counts against the endpoint's circuit breaker).
+-- Returns {'RETRY', attempts, due_ms, breaker change} | {'DEAD', attempts, 0, breaker change} | {'STALE'}.
 -- A retry waits in the delayed set; in PerTenant ordering it keeps the
 -- tenant's only slot, so later envelopes of that tenant wait behind it.
 local id, token, elapsed = ARGV[1], ARGV[2], tonumber(ARGV[3])
-local delay, dead, cause = tonumber(ARGV[4]), ARGV[5] == '1', ARGV[6]
+local delay, dead, cause, broken = tonumber(ARGV[4]), ARGV[5] == '1', ARGV[6], ARGV[7] == '1'
 local ek = ekey(id)
-local m = redis.call('HMGET', ek, 't', 'l', 'c', 'p')
+local m = redis.call('HMGET', ek, 't', 'l', 'c', 'p', 'ep')
 if not m[1] or m[2] ~= token then return { 'STALE' } end
 local t = m[1]
 local now = now_ms()
@@ -13,13 +14,14 @@ redis.call('ZREM', LEASES, id)
 local a = redis.call('HINCRBY', ek, 'a', 1)
 dead = dead or a >= MAX_ATTEMPTS
 -- a retry under PerTenant ordering keeps the tenant's only slot
-settle(t, tonumber(m[3]) or 0, elapsed, now, dead or not ORDERED, dead and 'dead' or 'retry')
+local bw = settle(t, tonumber(m[3]) or 0, elapsed, now, dead or not ORDERED, dead and 'dead' or 'retry')
+local change = breaker_record(t, m[5], broken, bw, now)
 if dead then
   dead_letter(id, t, a, cause, now, m[4])
-  return { 'DEAD', a }
+  return { 'DEAD', a, 0, change }
 end
 redis.call('HDEL', ek, 'l', 'c', 'at')
 local due = now + delay
 redis.call('ZADD', DELAYED, due, id)
 if ORDERED then redis.call('HSET', ek, 'x', 1) end
-return { 'RETRY', a, due }
+return { 'RETRY', a, due, change }
