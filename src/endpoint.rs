@@ -36,13 +36,22 @@ impl Endpoint {
         let bad = |field, reason: String| InvalidEndpoint { field, reason };
         let url = reqwest::Url::parse(&self.url).map_err(|e| bad("url", format!("{e}")))?;
         if !matches!(url.scheme(), "https" | "http") {
-            return Err(bad("url", format!("scheme {:?}: only https and http", url.scheme())));
+            return Err(bad(
+                "url",
+                format!("scheme {:?}: only https and http", url.scheme()),
+            ));
         }
         if url.host_str().is_none() {
             return Err(bad("url", "has no host".into()));
         }
         if self.secrets.is_empty() || self.secrets.len() > 2 {
-            return Err(bad("secrets", format!("{} given; one, or two during a rotation", self.secrets.len())));
+            return Err(bad(
+                "secrets",
+                format!(
+                    "{} given; one, or two during a rotation",
+                    self.secrets.len()
+                ),
+            ));
         }
         self.signing_secrets()
             .map_err(|e: BadSecret| bad("secrets", e.to_string()))?;
@@ -55,6 +64,7 @@ impl Endpoint {
 
     /// Whether this endpoint wants events of `event_type`.
     pub fn wants(&self, event_type: Option<&str>) -> bool {
-        self.event_types.is_empty() || event_type.is_some_and(|t| self.event_types.iter().any(|e| e == t))
+        self.event_types.is_empty()
+            || event_type.is_some_and(|t| self.event_types.iter().any(|e| e == t))
     }
 }

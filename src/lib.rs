@@ -3,8 +3,12 @@
 //! webhooks. See `docs/architecture.md` for the module map.
 
 pub mod crd;
+pub mod endpoint;
 pub mod envelope;
 pub mod producer;
 pub mod routing;
 pub mod scheduler;
+pub mod signing;
 pub mod store;
+pub mod telemetry;
+pub mod worker;

@@ -10,6 +10,15 @@ use clap::{Parser, Subcommand};
 #[derive(Parser, Debug)]
 #[command(name = "lanekeeper", version, about, long_about)]
 struct Cli {
+    /// Log format (logs go to stderr; RUST_LOG filters).
+    #[arg(
+        long,
+        global = true,
+        env = "LANEKEEPER_LOG_FORMAT",
+        value_enum,
+        default_value = "text"
+    )]
+    log_format: lanekeeper::telemetry::LogFormat,
     #[command(subcommand)]
     command: Command,
 }
@@ -41,6 +50,14 @@ enum Command {
         tenants: Vec<String>,
     },
 
+    /// Deliver the webhooks of one queue (what every shard and lane pod runs).
+    ///
+    /// Leases envelopes fairly, POSTs them signed (Standard Webhooks) to the
+    /// tenant's endpoint, and acks, retries with backoff, or dead-letters.
+    /// SIGTERM stops leasing, lets deliveries in flight finish within the
+    /// grace period and gives back the rest; SIGKILL loses nothing either.
+    Worker(Box<WorkerArgs>),
+
     /// Show which tenants own each queue's backlog and capacity.
     ///
     /// For every queue of a ShardSet: tenant, outstanding depth, its share of
@@ -56,6 +73,54 @@ enum Command {
         #[arg(long, default_value_t = 10)]
         limit: usize,
     },
+}
+
+#[derive(clap::Args, Debug)]
+struct WorkerArgs {
+    #[command(flatten)]
+    target: RedisTarget,
+    /// The queue to serve: shard-<N> or lane-<N>.
+    #[arg(long, env = "LANEKEEPER_QUEUE")]
+    queue: lanekeeper::routing::QueueId,
+    /// Deliveries in flight in this process.
+    #[arg(long, env = "LANEKEEPER_CONCURRENCY", default_value_t = 16)]
+    concurrency: usize,
+    /// Total time for one delivery attempt.
+    #[arg(long, env = "LANEKEEPER_DELIVERY_TIMEOUT", default_value = "30s")]
+    delivery_timeout: kube::core::Duration,
+    /// Time to connect to an endpoint.
+    #[arg(long, env = "LANEKEEPER_CONNECT_TIMEOUT", default_value = "5s")]
+    connect_timeout: kube::core::Duration,
+    /// First retry delay; doubles per attempt, with jitter.
+    #[arg(long, env = "LANEKEEPER_INITIAL_BACKOFF", default_value = "1s")]
+    initial_backoff: kube::core::Duration,
+    /// Longest retry delay.
+    #[arg(long, env = "LANEKEEPER_MAX_BACKOFF", default_value = "1h")]
+    max_backoff: kube::core::Duration,
+    /// Lease = connect timeout + delivery timeout + this margin; past it, the
+    /// envelope goes to another worker.
+    #[arg(long, env = "LANEKEEPER_LEASE_MARGIN", default_value = "10s")]
+    lease_margin: kube::core::Duration,
+    /// CIDRs that deliveries may reach although they are not global
+    /// (loopback, private, ...). Comma-separated.
+    #[arg(
+        long = "allow-cidr",
+        env = "LANEKEEPER_ALLOW_CIDRS",
+        value_delimiter = ','
+    )]
+    allow_cidrs: Vec<ipnet::IpNet>,
+    /// After SIGTERM, time for deliveries in flight to finish.
+    #[arg(long, env = "LANEKEEPER_GRACE_PERIOD", default_value = "25s")]
+    grace_period: kube::core::Duration,
+    /// Address for /metrics and /healthz, e.g. 0.0.0.0:9090.
+    #[arg(long, env = "LANEKEEPER_METRICS_ADDR")]
+    metrics_addr: Option<std::net::SocketAddr>,
+    /// Tenants with their own metric labels; the rest are "other".
+    #[arg(long, env = "LANEKEEPER_TENANT_LABEL_CAP", default_value_t = 100)]
+    tenant_label_cap: usize,
+    /// Identity in lease tokens and logs (defaults to the pod name, then host:pid).
+    #[arg(long, env = "POD_NAME")]
+    worker_id: Option<String>,
 }
 
 /// Where a ShardSet's queues live.
@@ -88,6 +153,7 @@ impl RedisTarget {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    lanekeeper::telemetry::init_logging(cli.log_format);
     let result = match cli.command {
         Command::Crds { out } => crds(out),
         Command::Route {
@@ -100,6 +166,7 @@ fn main() -> ExitCode {
             window,
             limit,
         } => runtime().and_then(|rt| rt.block_on(top(target, window.into(), limit))),
+        Command::Worker(args) => runtime().and_then(|rt| rt.block_on(worker(*args))),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -211,4 +278,29 @@ async fn top(target: RedisTarget, window: std::time::Duration, limit: usize) -> 
         }
     }
     Ok(())
+}
+
+async fn worker(args: WorkerArgs) -> anyhow::Result<()> {
+    let store = args.target.connect().await?;
+    let worker_id = args.worker_id.unwrap_or_else(|| {
+        let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
+        format!("{}:{}", host.trim(), std::process::id())
+    });
+    let config = lanekeeper::worker::WorkerConfig {
+        queue: args.queue,
+        concurrency: args.concurrency.max(1),
+        connect_timeout: args.connect_timeout.into(),
+        delivery_timeout: args.delivery_timeout.into(),
+        lease_margin: args.lease_margin.into(),
+        initial_backoff: args.initial_backoff.into(),
+        max_backoff: args.max_backoff.into(),
+        allow: args.allow_cidrs,
+        grace: args.grace_period.into(),
+        endpoint_cache: std::time::Duration::from_secs(5),
+        worker_id,
+        metrics_addr: args.metrics_addr,
+        tenant_label_cap: args.tenant_label_cap,
+    };
+    let stop = lanekeeper::worker::stop_on_signals();
+    lanekeeper::worker::run(store, config, stop).await
 }

@@ -32,7 +32,10 @@ impl Secret {
             .decode(b64)
             .map_err(|e| BadSecret(format!("the part after whsec_ is not base64: {e}")))?;
         if !(24..=64).contains(&key.len()) {
-            return Err(BadSecret(format!("decodes to {} bytes; expected 24 to 64", key.len())));
+            return Err(BadSecret(format!(
+                "decodes to {} bytes; expected 24 to 64",
+                key.len()
+            )));
         }
         Ok(Secret(key))
     }
@@ -45,7 +48,8 @@ impl Secret {
 
     /// `v1,<base64 signature>` of one message.
     pub fn sign(&self, id: &str, timestamp: i64, body: &[u8]) -> String {
-        let mut mac = Hmac::<Sha256>::new_from_slice(&self.0).expect("HMAC takes keys of any length");
+        let mut mac =
+            Hmac::<Sha256>::new_from_slice(&self.0).expect("HMAC takes keys of any length");
         mac.update(id.as_bytes());
         mac.update(b".");
         mac.update(timestamp.to_string().as_bytes());
@@ -72,7 +76,11 @@ mod tests {
     fn matches_the_standard_webhooks_reference_vector() {
         // The example from the Standard Webhooks specification's reference libraries.
         let secret = Secret::parse("whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw").unwrap();
-        let sig = secret.sign("msg_p5jXN8AQM9LWM0D4loKWxJek", 1614265330, br#"{"test": 2432232314}"#);
+        let sig = secret.sign(
+            "msg_p5jXN8AQM9LWM0D4loKWxJek",
+            1614265330,
+            br#"{"test": 2432232314}"#,
+        );
         assert_eq!(sig, "v1,g0hM9SsE+OTPJTGt/tmIKtSyZlE3uFJELVlNIOLJ1OE=");
     }
 
@@ -82,13 +90,25 @@ mod tests {
         let b = Secret::parse(&Secret::generate()).unwrap();
         let h = signature_header(&[a.clone(), b.clone()], "msg_1", 1, b"{}");
         let parts: Vec<&str> = h.split(' ').collect();
-        assert_eq!(parts, [a.sign("msg_1", 1, b"{}"), b.sign("msg_1", 1, b"{}")]);
+        assert_eq!(
+            parts,
+            [a.sign("msg_1", 1, b"{}"), b.sign("msg_1", 1, b"{}")]
+        );
     }
 
     #[test]
     fn bad_secrets_say_why() {
-        assert!(Secret::parse("abc").unwrap_err().to_string().contains("whsec_"));
-        assert!(Secret::parse("whsec_!!!").unwrap_err().to_string().contains("base64"));
-        assert!(Secret::parse("whsec_YWJj").unwrap_err().to_string().contains("3 bytes"));
+        assert!(Secret::parse("abc")
+            .unwrap_err()
+            .to_string()
+            .contains("whsec_"));
+        assert!(Secret::parse("whsec_!!!")
+            .unwrap_err()
+            .to_string()
+            .contains("base64"));
+        assert!(Secret::parse("whsec_YWJj")
+            .unwrap_err()
+            .to_string()
+            .contains("3 bytes"));
     }
 }

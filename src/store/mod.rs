@@ -19,6 +19,7 @@ use std::time::Duration;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::{Script, Value};
 
+use crate::endpoint::{Endpoint, InvalidEndpoint};
 use crate::envelope::{Envelope, InvalidEnvelope};
 use crate::routing::{QueueId, RoutingTable};
 use crate::scheduler::QueuePolicy;
@@ -69,6 +70,8 @@ pub enum StoreError {
     Redis(#[source] redis::RedisError),
     #[error(transparent)]
     Invalid(#[from] InvalidEnvelope),
+    #[error("invalid endpoint: {0}")]
+    InvalidEndpoint(InvalidEndpoint),
     #[error("unexpected reply from the {script} script: {detail}")]
     Protocol {
         script: &'static str,
@@ -447,6 +450,67 @@ impl Store {
     /// Remove a tenant's pin; returns the new version.
     pub async fn unpin(&self, tenant: &str) -> Result<u64> {
         self.routing_update("unpin", tenant, "").await
+    }
+
+    // ---- endpoint registry ----------------------------------------------
+
+    fn endpoints_key(&self, tenant: &str) -> String {
+        format!(
+            "lk:{{{}/{}}}:endpoints:{tenant}",
+            self.set.namespace, self.set.name
+        )
+    }
+
+    /// Create or replace a tenant's endpoint.
+    pub async fn put_endpoint(&self, tenant: &str, name: &str, endpoint: &Endpoint) -> Result<()> {
+        crate::envelope::validate_tenant(tenant)?;
+        endpoint.validate().map_err(StoreError::InvalidEndpoint)?;
+        let json = serde_json::to_string(endpoint).map_err(|e| StoreError::Protocol {
+            script: "endpoint registry",
+            detail: e.to_string(),
+        })?;
+        let mut conn = self.conn.clone();
+        redis::cmd("HSET")
+            .arg(self.endpoints_key(tenant))
+            .arg(name)
+            .arg(json)
+            .query_async::<()>(&mut conn)
+            .await?;
+        Ok(())
+    }
+
+    /// One endpoint of a tenant, if registered.
+    pub async fn endpoint(&self, tenant: &str, name: &str) -> Result<Option<Endpoint>> {
+        let mut conn = self.conn.clone();
+        let raw: Option<String> = redis::cmd("HGET")
+            .arg(self.endpoints_key(tenant))
+            .arg(name)
+            .query_async(&mut conn)
+            .await?;
+        raw.map(|r| decode_endpoint(tenant, name, &r)).transpose()
+    }
+
+    /// Every endpoint of a tenant, by name.
+    pub async fn endpoints(&self, tenant: &str) -> Result<BTreeMap<String, Endpoint>> {
+        let mut conn = self.conn.clone();
+        let raw: BTreeMap<String, String> = redis::cmd("HGETALL")
+            .arg(self.endpoints_key(tenant))
+            .query_async(&mut conn)
+            .await?;
+        raw.iter()
+            .map(|(name, r)| Ok((name.clone(), decode_endpoint(tenant, name, r)?)))
+            .collect()
+    }
+
+    /// Remove a tenant's endpoint; false if there was none.
+    pub async fn delete_endpoint(&self, tenant: &str, name: &str) -> Result<bool> {
+        let mut conn = self.conn.clone();
+        let n: u32 = redis::cmd("HDEL")
+            .arg(self.endpoints_key(tenant))
+            .arg(name)
+            .query_async(&mut conn)
+            .await?;
+        Ok(n > 0)
     }
 
     // ---- queue policy --------------------------------------------------
@@ -973,6 +1037,13 @@ fn unexpected(script: &'static str, items: &[Value]) -> StoreError {
         script,
         detail: format!("{items:?}"),
     }
+}
+
+fn decode_endpoint(tenant: &str, name: &str, raw: &str) -> Result<Endpoint> {
+    serde_json::from_str(raw).map_err(|e| StoreError::Protocol {
+        script: "endpoint registry",
+        detail: format!("endpoint {name} of {tenant}: {e}"),
+    })
 }
 
 fn parse_enqueue(tag: &Value, value: &Value) -> Result<EnqueueOutcome> {

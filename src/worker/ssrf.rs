@@ -26,7 +26,9 @@ pub struct Refused {
 
 impl Guard {
     pub fn new(allow: Vec<IpNet>) -> Self {
-        Self { allow: Arc::new(allow) }
+        Self {
+            allow: Arc::new(allow),
+        }
     }
 
     /// Refuse `ip` unless it is global or allowlisted.
@@ -49,7 +51,10 @@ impl Guard {
             host: host.to_string(),
             reason,
         };
-        if let Ok(ip) = host.trim_matches(|c| c == '[' || c == ']').parse::<IpAddr>() {
+        if let Ok(ip) = host
+            .trim_matches(|c| c == '[' || c == ']')
+            .parse::<IpAddr>()
+        {
             self.check(host, ip)?;
             return Ok(vec![SocketAddr::new(ip, port)]);
         }
@@ -155,9 +160,21 @@ mod tests {
     #[test]
     fn refuses_non_global_addresses() {
         for ip in [
-            "127.0.0.1", "10.1.2.3", "172.16.0.1", "192.168.1.1", "169.254.169.254", "0.0.0.0",
-            "100.64.0.1", "224.0.0.1", "255.255.255.255", "::1", "fd00::1", "fe80::1", "::ffff:10.0.0.1",
-            "::ffff:127.0.0.1", "2002:a00:1::",
+            "127.0.0.1",
+            "10.1.2.3",
+            "172.16.0.1",
+            "192.168.1.1",
+            "169.254.169.254",
+            "0.0.0.0",
+            "100.64.0.1",
+            "224.0.0.1",
+            "255.255.255.255",
+            "::1",
+            "fd00::1",
+            "fe80::1",
+            "::ffff:10.0.0.1",
+            "::ffff:127.0.0.1",
+            "2002:a00:1::",
         ] {
             assert!(refused(ip), "{ip} should be refused");
         }

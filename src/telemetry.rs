@@ -1,0 +1,197 @@
+//! Metrics, logs and health endpoints.
+
+use std::collections::HashSet;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
+use prometheus_client::registry::Registry;
+
+/// Log output format.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum LogFormat {
+    Text,
+    Json,
+}
+
+/// Install the global tracing subscriber; `RUST_LOG` filters (default `info`).
+pub fn init_logging(format: LogFormat) {
+    use tracing_subscriber::EnvFilter;
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    let _ = match format {
+        LogFormat::Json => builder.json().flatten_event(true).try_init(),
+        LogFormat::Text => builder.try_init(),
+    };
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct TenantLabels {
+    pub queue: String,
+    pub tenant: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct OutcomeLabels {
+    pub queue: String,
+    pub class: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct BreakerLabels {
+    pub queue: String,
+    pub state: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct QueueLabels {
+    pub queue: String,
+}
+
+type HistogramFamily<L> = Family<L, Histogram, fn() -> Histogram>;
+
+fn wait_histogram() -> Histogram {
+    // 1 ms to about 9 hours
+    Histogram::new(exponential_buckets(0.001, 2.0, 25))
+}
+
+fn duration_histogram() -> Histogram {
+    // 1 ms to about 65 s
+    Histogram::new(exponential_buckets(0.001, 2.0, 17))
+}
+
+/// The worker's metrics. Per-tenant series are capped: the first
+/// `tenant_label_cap` tenants seen get their own label, the rest are `other`.
+#[derive(Clone)]
+pub struct WorkerMetrics {
+    registry: Arc<Registry>,
+    tenants: Arc<Mutex<HashSet<String>>>,
+    tenant_label_cap: usize,
+    pub queue_wait: HistogramFamily<TenantLabels>,
+    pub delivery_duration: HistogramFamily<OutcomeLabels>,
+    pub deliveries: Family<OutcomeLabels, Counter>,
+    pub breaker_changes: Family<BreakerLabels, Counter>,
+    pub in_flight: Family<QueueLabels, Gauge>,
+}
+
+impl WorkerMetrics {
+    pub fn new(tenant_label_cap: usize) -> Self {
+        let mut registry = Registry::default();
+        let queue_wait: HistogramFamily<TenantLabels> =
+            Family::new_with_constructor(wait_histogram);
+        let delivery_duration: HistogramFamily<OutcomeLabels> =
+            Family::new_with_constructor(duration_histogram);
+        let deliveries = Family::<OutcomeLabels, Counter>::default();
+        let breaker_changes = Family::<BreakerLabels, Counter>::default();
+        let in_flight = Family::<QueueLabels, Gauge>::default();
+        registry.register(
+            "lanekeeper_queue_wait_seconds",
+            "Time from enqueue to lease, per tenant (capped; the rest are tenant=\"other\")",
+            queue_wait.clone(),
+        );
+        registry.register(
+            "lanekeeper_delivery_duration_seconds",
+            "HTTP delivery time by outcome class",
+            delivery_duration.clone(),
+        );
+        registry.register(
+            "lanekeeper_deliveries",
+            "Delivery attempts by outcome class",
+            deliveries.clone(),
+        );
+        registry.register(
+            "lanekeeper_breaker_transitions",
+            "Circuit breaker state changes seen by this worker",
+            breaker_changes.clone(),
+        );
+        registry.register(
+            "lanekeeper_in_flight",
+            "Deliveries in flight",
+            in_flight.clone(),
+        );
+        Self {
+            registry: Arc::new(registry),
+            tenants: Arc::default(),
+            tenant_label_cap,
+            queue_wait,
+            delivery_duration,
+            deliveries,
+            breaker_changes,
+            in_flight,
+        }
+    }
+
+    /// The label for `tenant`: itself while under the cap, else `other`.
+    pub fn tenant_label(&self, tenant: &str) -> String {
+        let mut seen = self.tenants.lock().unwrap_or_else(|e| e.into_inner());
+        if seen.contains(tenant) {
+            return tenant.to_string();
+        }
+        if seen.len() < self.tenant_label_cap {
+            seen.insert(tenant.to_string());
+            return tenant.to_string();
+        }
+        "other".to_string()
+    }
+
+    /// Prometheus text exposition.
+    pub fn encode(&self) -> String {
+        let mut out = String::new();
+        let _ = prometheus_client::encoding::text::encode(&mut out, &self.registry);
+        out
+    }
+}
+
+/// Serve `/metrics` and `/healthz` on `addr` until `shutdown` resolves.
+pub async fn serve(
+    addr: SocketAddr,
+    metrics: WorkerMetrics,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> std::io::Result<SocketAddr> {
+    use axum::routing::get;
+    let app = axum::Router::new()
+        .route(
+            "/metrics",
+            get(move || {
+                let m = metrics.clone();
+                async move {
+                    (
+                        [(
+                            "content-type",
+                            "application/openmetrics-text; version=1.0.0; charset=utf-8",
+                        )],
+                        m.encode(),
+                    )
+                }
+            }),
+        )
+        .route("/healthz", get(|| async { "ok" }));
+    let listener = tokio::net::TcpListener::bind(addr).await?;
+    let bound = listener.local_addr()?;
+    tokio::spawn(async move {
+        let _ = axum::serve(listener, app)
+            .with_graceful_shutdown(shutdown)
+            .await;
+    });
+    Ok(bound)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tenant_labels_are_capped() {
+        let m = WorkerMetrics::new(2);
+        assert_eq!(m.tenant_label("a"), "a");
+        assert_eq!(m.tenant_label("b"), "b");
+        assert_eq!(m.tenant_label("c"), "other");
+        assert_eq!(m.tenant_label("a"), "a");
+    }
+}

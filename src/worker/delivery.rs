@@ -1,0 +1,209 @@
+//! One webhook over HTTP: sign, POST, classify the answer.
+
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use super::ssrf::Guard;
+use crate::endpoint::Endpoint;
+use crate::envelope::Envelope;
+use crate::signing::signature_header;
+
+/// Bytes of a failing response body kept for the dead letter.
+const BODY_EXCERPT: usize = 256;
+
+/// What became of one delivery attempt.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Outcome {
+    /// 2xx.
+    Delivered { status: u16 },
+    /// Worth another attempt (until the attempt limit): 429, 5xx, timeouts,
+    /// connection errors (`endpoint_fault`, which counts against the breaker)
+    /// and other non-2xx answers.
+    Retry {
+        class: &'static str,
+        cause: String,
+        /// The receiver's `Retry-After`, when it gave one.
+        retry_after: Option<Duration>,
+        endpoint_fault: bool,
+    },
+    /// No attempt can succeed: dead-letter now (SSRF refusal, no such
+    /// endpoint, endpoint disabled, bad signing secret).
+    Refused { class: &'static str, cause: String },
+}
+
+impl Outcome {
+    pub fn class(&self) -> &'static str {
+        match self {
+            Outcome::Delivered { .. } => "delivered",
+            Outcome::Retry { class, .. } | Outcome::Refused { class, .. } => class,
+        }
+    }
+}
+
+/// Delivers webhooks with one pooled HTTP client whose only resolver is the SSRF guard.
+#[derive(Clone)]
+pub struct Deliverer {
+    client: reqwest::Client,
+    guard: Guard,
+}
+
+impl Deliverer {
+    pub fn new(
+        guard: Guard,
+        connect_timeout: Duration,
+        timeout: Duration,
+    ) -> Result<Self, reqwest::Error> {
+        let client = reqwest::Client::builder()
+            .connect_timeout(connect_timeout)
+            .timeout(timeout)
+            // A redirect could point anywhere, an internal address included.
+            .redirect(reqwest::redirect::Policy::none())
+            .dns_resolver(std::sync::Arc::new(guard.clone()))
+            .user_agent(concat!("lanekeeper/", env!("CARGO_PKG_VERSION")))
+            .pool_max_idle_per_host(64)
+            .build()?;
+        Ok(Self { client, guard })
+    }
+
+    /// POST `env` to `endpoint`, signed with all of its secrets.
+    pub async fn deliver(&self, env: &Envelope, endpoint: Option<&Endpoint>) -> Outcome {
+        let refused = |class, cause: String| Outcome::Refused { class, cause };
+        let name = env.endpoint.as_deref().unwrap_or("default");
+        let Some(endpoint) = endpoint else {
+            return refused(
+                "no_endpoint",
+                format!("tenant {} has no endpoint named {name}", env.tenant),
+            );
+        };
+        if !endpoint.enabled {
+            return refused(
+                "endpoint_disabled",
+                format!("endpoint {name} of tenant {} is disabled", env.tenant),
+            );
+        }
+        let secrets = match endpoint.signing_secrets() {
+            Ok(s) => s,
+            Err(e) => return refused("bad_secret", format!("endpoint {name}: {e}")),
+        };
+        let url = match reqwest::Url::parse(&endpoint.url) {
+            Ok(u) => u,
+            Err(e) => return refused("bad_url", format!("endpoint {name}: url: {e}")),
+        };
+        // IP-literal hosts never reach the resolver; check them here.
+        match url.host() {
+            Some(url::Host::Ipv4(ip)) => {
+                if let Err(e) = self.guard.check(&ip.to_string(), ip.into()) {
+                    return refused("ssrf", e.to_string());
+                }
+            }
+            Some(url::Host::Ipv6(ip)) => {
+                if let Err(e) = self.guard.check(&ip.to_string(), ip.into()) {
+                    return refused("ssrf", e.to_string());
+                }
+            }
+            Some(url::Host::Domain(_)) => {}
+            None => return refused("bad_url", format!("endpoint {name}: url has no host")),
+        }
+        let body = serde_json::to_vec(&env.payload).unwrap_or_default();
+        let timestamp = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map(|d| d.as_secs() as i64)
+            .unwrap_or(0);
+        let request = self
+            .client
+            .post(url)
+            .header("content-type", "application/json")
+            .header("webhook-id", &env.id)
+            .header("webhook-timestamp", timestamp.to_string())
+            .header(
+                "webhook-signature",
+                signature_header(&secrets, &env.id, timestamp, &body),
+            )
+            .body(body);
+        let response = match request.send().await {
+            Ok(r) => r,
+            Err(e) => return classify_error(e),
+        };
+        let status = response.status().as_u16();
+        if response.status().is_success() {
+            return Outcome::Delivered { status };
+        }
+        let retry_after = response
+            .headers()
+            .get("retry-after")
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.trim().parse::<u64>().ok())
+            .map(Duration::from_secs);
+        let excerpt = body_excerpt(response).await;
+        let cause = format!("HTTP {status}: {excerpt}");
+        match status {
+            429 => Outcome::Retry {
+                class: "http_429",
+                cause,
+                retry_after,
+                endpoint_fault: true,
+            },
+            500..=599 => Outcome::Retry {
+                class: "http_5xx",
+                cause,
+                retry_after,
+                endpoint_fault: true,
+            },
+            _ => Outcome::Retry {
+                class: "http_4xx",
+                cause,
+                retry_after: None,
+                endpoint_fault: false,
+            },
+        }
+    }
+}
+
+fn classify_error(e: reqwest::Error) -> Outcome {
+    // The guard's refusal surfaces as a connect error whose source is `Refused`.
+    let mut source: Option<&(dyn std::error::Error + 'static)> = Some(&e);
+    while let Some(s) = source {
+        if let Some(r) = s.downcast_ref::<super::ssrf::Refused>() {
+            return Outcome::Refused {
+                class: "ssrf",
+                cause: r.to_string(),
+            };
+        }
+        source = s.source();
+    }
+    let (class, what) = if e.is_timeout() {
+        ("timeout", "timed out")
+    } else if e.is_connect() {
+        ("connect_error", "could not connect")
+    } else {
+        ("transport_error", "request failed")
+    };
+    Outcome::Retry {
+        class,
+        cause: format!("{what}: {}", chain(&e)),
+        retry_after: None,
+        endpoint_fault: true,
+    }
+}
+
+fn chain(e: &dyn std::error::Error) -> String {
+    let mut out = e.to_string();
+    let mut source = e.source();
+    while let Some(s) = source {
+        out.push_str(": ");
+        out.push_str(&s.to_string());
+        source = s.source();
+    }
+    out
+}
+
+async fn body_excerpt(mut response: reqwest::Response) -> String {
+    let mut buf = Vec::new();
+    while buf.len() < BODY_EXCERPT {
+        match response.chunk().await {
+            Ok(Some(chunk)) => buf.extend_from_slice(&chunk),
+            _ => break,
+        }
+    }
+    buf.truncate(BODY_EXCERPT);
+    String::from_utf8_lossy(&buf).into_owned()
+}

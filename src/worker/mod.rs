@@ -1,0 +1,456 @@
+//! `lanekeeper worker`: lease, deliver, ack or nack, for one queue of a
+//! ShardSet. Every shard and lane Deployment runs it; several processes on
+//! one queue cooperate through the queue's scripts alone.
+
+pub mod delivery;
+pub mod ssrf;
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use tokio::sync::watch;
+use tracing::{info, warn};
+
+use crate::endpoint::Endpoint;
+use crate::routing::QueueId;
+use crate::scheduler::retry_delay;
+use crate::store::{Acked, BreakerChange, Failure, Lease, LeaseOutcome, NackOutcome, Store};
+use crate::telemetry::{BreakerLabels, OutcomeLabels, QueueLabels, TenantLabels, WorkerMetrics};
+use delivery::{Deliverer, Outcome};
+
+/// Everything a worker process needs, from flags and environment.
+#[derive(Clone, Debug)]
+pub struct WorkerConfig {
+    pub queue: QueueId,
+    /// Deliveries in flight in this process.
+    pub concurrency: usize,
+    pub connect_timeout: Duration,
+    /// Total time for one HTTP attempt.
+    pub delivery_timeout: Duration,
+    /// Added to the delivery timeout for the lease: past it the reaper
+    /// assumes this worker died and hands the envelope to another.
+    pub lease_margin: Duration,
+    pub initial_backoff: Duration,
+    pub max_backoff: Duration,
+    /// Non-global CIDRs deliveries may reach anyway.
+    pub allow: Vec<ipnet::IpNet>,
+    /// After SIGTERM: time to finish deliveries in flight before they are released.
+    pub grace: Duration,
+    /// How long a looked-up endpoint is reused.
+    pub endpoint_cache: Duration,
+    /// Identity in lease tokens and logs.
+    pub worker_id: String,
+    pub metrics_addr: Option<SocketAddr>,
+    pub tenant_label_cap: usize,
+}
+
+impl WorkerConfig {
+    fn lease_for(&self) -> Duration {
+        self.delivery_timeout + self.connect_timeout + self.lease_margin
+    }
+}
+
+/// (tenant, endpoint name) -> what the registry said, and when.
+type CachedEndpoints = HashMap<(String, String), (Option<Endpoint>, Instant)>;
+
+/// Endpoints looked up in the registry, reused for a short TTL.
+#[derive(Default)]
+struct EndpointCache {
+    entries: Mutex<CachedEndpoints>,
+}
+
+impl EndpointCache {
+    async fn get(
+        &self,
+        store: &Store,
+        ttl: Duration,
+        tenant: &str,
+        name: &str,
+    ) -> Result<Option<Endpoint>, crate::store::StoreError> {
+        let key = (tenant.to_string(), name.to_string());
+        if let Some((ep, at)) = self
+            .entries
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&key)
+        {
+            if at.elapsed() < ttl {
+                return Ok(ep.clone());
+            }
+        }
+        let ep = store.endpoint(tenant, name).await?;
+        self.entries
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(key, (ep.clone(), Instant::now()));
+        Ok(ep)
+    }
+}
+
+struct Shared {
+    store: Store,
+    config: WorkerConfig,
+    deliverer: Deliverer,
+    endpoints: EndpointCache,
+    metrics: WorkerMetrics,
+    queue_label: String,
+}
+
+/// Run the worker until `stop` turns true (SIGTERM), then drain: stop
+/// leasing, let deliveries in flight finish within the grace period, and
+/// give back (release) whatever is still in flight after it.
+pub async fn run(
+    store: Store,
+    config: WorkerConfig,
+    mut stop: watch::Receiver<bool>,
+) -> anyhow::Result<()> {
+    let deliverer = Deliverer::new(
+        ssrf::Guard::new(config.allow.clone()),
+        config.connect_timeout,
+        config.delivery_timeout,
+    )?;
+    let metrics = WorkerMetrics::new(config.tenant_label_cap);
+    if let Some(addr) = config.metrics_addr {
+        let mut s = stop.clone();
+        let bound = crate::telemetry::serve(addr, metrics.clone(), async move {
+            let _ = s.wait_for(|v| *v).await;
+        })
+        .await?;
+        info!(%bound, "serving /metrics and /healthz");
+    }
+    let shared = Arc::new(Shared {
+        queue_label: config.queue.to_string(),
+        store,
+        deliverer,
+        endpoints: EndpointCache::default(),
+        metrics,
+        config,
+    });
+    info!(
+        queue = %shared.config.queue,
+        set = %shared.store.set(),
+        concurrency = shared.config.concurrency,
+        worker = %shared.config.worker_id,
+        "worker started"
+    );
+
+    // Past the grace period, deliveries still running are cancelled and released.
+    let (abandon_tx, abandon_rx) = watch::channel(false);
+    let mut tasks = tokio::task::JoinSet::new();
+    for slot in 0..shared.config.concurrency {
+        let (shared, stop, abandon) = (shared.clone(), stop.clone(), abandon_rx.clone());
+        tasks.spawn(async move { delivery_loop(shared, slot, stop, abandon).await });
+    }
+    {
+        let (shared, mut stop) = (shared.clone(), stop.clone());
+        tasks.spawn(async move {
+            // Reaper and retry promoter, so an idle queue still recovers.
+            loop {
+                if let Err(e) = shared.store.maintain(shared.config.queue, 500).await {
+                    warn!(error = %e, "maintenance failed; retrying");
+                }
+                tokio::select! {
+                    _ = tokio::time::sleep(Duration::from_millis(500)) => {}
+                    _ = stop.wait_for(|v| *v) => return,
+                }
+            }
+        });
+    }
+
+    let _ = stop.wait_for(|v| *v).await;
+    info!(grace = ?shared.config.grace, "stopping: no new leases; finishing deliveries in flight");
+    let drained = tokio::time::timeout(shared.config.grace, async {
+        while tasks.join_next().await.is_some() {}
+    })
+    .await;
+    if drained.is_err() {
+        warn!("grace period over: releasing deliveries still in flight");
+        let _ = abandon_tx.send(true);
+        while tasks.join_next().await.is_some() {}
+    }
+    info!("worker stopped");
+    Ok(())
+}
+
+async fn delivery_loop(
+    shared: Arc<Shared>,
+    slot: usize,
+    stop: watch::Receiver<bool>,
+    abandon: watch::Receiver<bool>,
+) {
+    let worker = format!("{}/{slot}", shared.config.worker_id);
+    let q = shared.config.queue;
+    let lease_for = shared.config.lease_for();
+    let stopping = || *stop.borrow();
+    let mut next: Option<LeaseOutcome> = None;
+    let mut backoff = Duration::from_millis(50);
+    loop {
+        let outcome = match next.take() {
+            Some(o) => o,
+            None => {
+                if stopping() {
+                    return;
+                }
+                match shared.store.lease(q, &worker, lease_for).await {
+                    Ok(o) => o,
+                    Err(e) => {
+                        warn!(error = %e, "lease failed; backing off");
+                        sleep_or_stop(backoff, &stop).await;
+                        backoff = (backoff * 2).min(Duration::from_secs(5));
+                        continue;
+                    }
+                }
+            }
+        };
+        backoff = Duration::from_millis(50);
+        match outcome {
+            LeaseOutcome::Leased(lease) => {
+                let stopping = stopping();
+                next = handle(&shared, &worker, lease, stopping, abandon.clone()).await;
+            }
+            LeaseOutcome::Empty { retry_after } => {
+                sleep_or_stop(retry_after.min(Duration::from_millis(200)), &stop).await;
+            }
+            LeaseOutcome::Again => {}
+        }
+    }
+}
+
+async fn sleep_or_stop(d: Duration, stop: &watch::Receiver<bool>) {
+    let mut stop = stop.clone();
+    tokio::select! {
+        _ = tokio::time::sleep(d) => {}
+        _ = stop.wait_for(|v| *v) => {}
+    }
+}
+
+/// Deliver one leased envelope and report the result. Returns the next
+/// lease when the ack could carry one (`ack_and_lease`).
+async fn handle(
+    shared: &Shared,
+    worker: &str,
+    lease: Lease,
+    stopping: bool,
+    mut abandon: watch::Receiver<bool>,
+) -> Option<LeaseOutcome> {
+    let m = &shared.metrics;
+    let leased_at_ms = lease
+        .deadline_ms
+        .saturating_sub(shared.config.lease_for().as_millis() as u64);
+    let wait = Duration::from_millis(leased_at_ms.saturating_sub(lease.enqueued_ms));
+    m.queue_wait
+        .get_or_create(&TenantLabels {
+            queue: shared.queue_label.clone(),
+            tenant: m.tenant_label(&lease.tenant),
+        })
+        .observe(wait.as_secs_f64());
+    if let Some(change) = lease.breaker {
+        breaker_changed(shared, &lease.tenant, &lease, change);
+    }
+    let in_flight = m
+        .in_flight
+        .get_or_create(&QueueLabels {
+            queue: shared.queue_label.clone(),
+        })
+        .clone();
+    in_flight.inc();
+    let _guard = DecOnDrop(in_flight);
+
+    let env = match lease.envelope() {
+        Ok(env) => env,
+        Err(e) => {
+            let cause = format!("corrupt envelope: {e}");
+            warn!(tenant = %lease.tenant, envelope = %lease.id, %cause, "dead-lettering");
+            report(
+                shared,
+                &lease,
+                Duration::ZERO,
+                "corrupt",
+                &Failure::dead(&cause),
+            )
+            .await;
+            return None;
+        }
+    };
+    let endpoint_name = env
+        .endpoint
+        .clone()
+        .unwrap_or_else(|| "default".to_string());
+    let endpoint = match shared
+        .endpoints
+        .get(
+            &shared.store,
+            shared.config.endpoint_cache,
+            &env.tenant,
+            &endpoint_name,
+        )
+        .await
+    {
+        Ok(ep) => ep,
+        Err(e) => {
+            warn!(tenant = %env.tenant, endpoint = %endpoint_name, error = %e, "endpoint lookup failed; retrying later");
+            let failure = Failure::retry("endpoint registry unavailable", Duration::from_secs(1));
+            report(shared, &lease, Duration::ZERO, "registry_error", &failure).await;
+            return None;
+        }
+    };
+
+    let started = Instant::now();
+    let outcome = tokio::select! {
+        o = shared.deliverer.deliver(&env, endpoint.as_ref()) => o,
+        _ = async { let _ = abandon.wait_for(|v| *v).await; } => {
+            // Shutting down past the grace period: give it back untried.
+            if let Err(e) = shared.store.release(&lease).await {
+                warn!(envelope = %lease.id, error = %e, "release failed; the reaper will return it");
+            }
+            return None;
+        }
+    };
+    let elapsed = started.elapsed();
+    m.delivery_duration
+        .get_or_create(&OutcomeLabels {
+            queue: shared.queue_label.clone(),
+            class: outcome.class().to_string(),
+        })
+        .observe(elapsed.as_secs_f64());
+
+    match outcome {
+        Outcome::Delivered { .. } => {
+            count(shared, "delivered");
+            if stopping {
+                if let Err(e) = shared.store.ack(&lease, elapsed).await {
+                    warn!(envelope = %lease.id, error = %e, "ack failed; it will be delivered again");
+                }
+                return None;
+            }
+            match shared
+                .store
+                .ack_and_lease(&lease, elapsed, worker, shared.config.lease_for())
+                .await
+            {
+                Ok((Acked { breaker, .. }, next)) => {
+                    if let Some(change) = breaker {
+                        breaker_changed(shared, &env.tenant, &lease, change);
+                    }
+                    Some(next)
+                }
+                Err(e) => {
+                    warn!(envelope = %lease.id, error = %e, "ack failed; it will be delivered again");
+                    None
+                }
+            }
+        }
+        Outcome::Retry {
+            class,
+            cause,
+            retry_after,
+            endpoint_fault,
+        } => {
+            let backoff = retry_delay(
+                lease.attempts + 1,
+                shared.config.initial_backoff,
+                shared.config.max_backoff,
+                rand::random::<f64>(),
+            );
+            let delay = retry_after.map_or(backoff, |ra| {
+                ra.min(shared.config.max_backoff).max(backoff / 2)
+            });
+            warn!(
+                tenant = %env.tenant, endpoint = %endpoint_name, envelope = %lease.id,
+                attempt = lease.attempts + 1, %cause, retry_in = ?delay, "delivery failed"
+            );
+            let mut failure = Failure::retry(&cause, delay);
+            if endpoint_fault {
+                failure = failure.blame_endpoint();
+            }
+            report(shared, &lease, elapsed, class, &failure).await;
+            None
+        }
+        Outcome::Refused { class, cause } => {
+            warn!(tenant = %env.tenant, endpoint = %endpoint_name, envelope = %lease.id, %cause, "refused; dead-lettering");
+            report(shared, &lease, elapsed, class, &Failure::dead(&cause)).await;
+            None
+        }
+    }
+}
+
+/// Nack and count the result; log the breaker change and a dead letter.
+async fn report(
+    shared: &Shared,
+    lease: &Lease,
+    elapsed: Duration,
+    class: &str,
+    failure: &Failure<'_>,
+) {
+    count(shared, class);
+    match shared.store.nack(lease, elapsed, failure).await {
+        Ok(NackOutcome::Retry { breaker, .. }) => {
+            if let Some(change) = breaker {
+                breaker_changed(shared, &lease.tenant, lease, change);
+            }
+        }
+        Ok(NackOutcome::Dead { attempts, breaker }) => {
+            count(shared, "dead");
+            warn!(tenant = %lease.tenant, envelope = %lease.id, attempts, cause = %failure.cause, "dead-lettered");
+            if let Some(change) = breaker {
+                breaker_changed(shared, &lease.tenant, lease, change);
+            }
+        }
+        Ok(NackOutcome::Stale) => {}
+        Err(e) => warn!(envelope = %lease.id, error = %e, "nack failed; the reaper will return it"),
+    }
+}
+
+fn count(shared: &Shared, class: &str) {
+    shared
+        .metrics
+        .deliveries
+        .get_or_create(&OutcomeLabels {
+            queue: shared.queue_label.clone(),
+            class: class.to_string(),
+        })
+        .inc();
+}
+
+fn breaker_changed(shared: &Shared, tenant: &str, lease: &Lease, change: BreakerChange) {
+    warn!(tenant, envelope = %lease.id, state = change.as_str(), "circuit breaker changed state");
+    shared
+        .metrics
+        .breaker_changes
+        .get_or_create(&BreakerLabels {
+            queue: shared.queue_label.clone(),
+            state: change.as_str().to_string(),
+        })
+        .inc();
+}
+
+struct DecOnDrop(prometheus_client::metrics::gauge::Gauge);
+
+impl Drop for DecOnDrop {
+    fn drop(&mut self) {
+        self.0.dec();
+    }
+}
+
+/// A flag set by SIGTERM or SIGINT, as a watch channel.
+pub fn stop_on_signals() -> watch::Receiver<bool> {
+    let (tx, rx) = watch::channel(false);
+    tokio::spawn(async move {
+        let mut term =
+            match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+                Ok(s) => s,
+                Err(e) => {
+                    warn!(error = %e, "cannot listen for SIGTERM");
+                    return;
+                }
+            };
+        tokio::select! {
+            _ = term.recv() => {}
+            _ = tokio::signal::ctrl_c() => {}
+        }
+        let _ = tx.send(true);
+    });
+    rx
+}
