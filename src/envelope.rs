@@ -5,6 +5,8 @@ use serde::{Deserialize, Serialize};
 
 /// Longest tenant id, in bytes.
 pub const MAX_TENANT_BYTES: usize = 256;
+/// The endpoint of envelopes that name none.
+pub const DEFAULT_ENDPOINT: &str = "default";
 /// Longest envelope id, in bytes.
 pub const MAX_ID_BYTES: usize = 128;
 
@@ -84,6 +86,11 @@ impl Envelope {
             ));
         }
         Ok(())
+    }
+
+    /// The endpoint this envelope goes to: the one named, else `default`.
+    pub fn endpoint_name(&self) -> &str {
+        self.endpoint.as_deref().unwrap_or(DEFAULT_ENDPOINT)
     }
 
     /// A fresh random id, for producers that bring none.

@@ -573,7 +573,7 @@ impl Store {
                 &[
                     env.id.as_bytes(),
                     env.tenant.as_bytes(),
-                    env.endpoint.as_deref().unwrap_or("").as_bytes(),
+                    env.endpoint_name().as_bytes(),
                     &payload,
                 ],
             )
@@ -618,7 +618,7 @@ impl Store {
                 let env = &envs[*i];
                 cmd.arg(&env.id)
                     .arg(&env.tenant)
-                    .arg(env.endpoint.as_deref().unwrap_or(""))
+                    .arg(env.endpoint_name())
                     .arg(payload);
             }
         }

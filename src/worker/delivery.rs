@@ -67,7 +67,7 @@ impl Deliverer {
     /// POST `env` to `endpoint`, signed with all of its secrets.
     pub async fn deliver(&self, env: &Envelope, endpoint: Option<&Endpoint>) -> Outcome {
         let refused = |class, cause: String| Outcome::Refused { class, cause };
-        let name = env.endpoint.as_deref().unwrap_or("default");
+        let name = env.endpoint_name();
         let Some(endpoint) = endpoint else {
             return refused(
                 "no_endpoint",

@@ -5,4 +5,6 @@
 
 pub mod controlplane;
 pub mod process;
+pub mod receiver;
 pub mod redis;
+pub mod workers;

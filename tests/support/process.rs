@@ -181,3 +181,29 @@ pub fn require_program(name: &str, install_hint: &str) -> PathBuf {
         })
         .unwrap_or_else(|| panic!("`{name}` is not on PATH; {install_hint}"))
 }
+
+/// Send `signal` to a server this binary started (SIGKILL, SIGTERM).
+pub fn signal(pid: u32, signal: i32) {
+    unsafe { libc::kill(pid as libc::pid_t, signal) };
+}
+
+/// Wait for a server to exit and return its exit code (None if killed by a signal).
+pub fn wait_exit(pid: u32, timeout: Duration) -> Option<Option<i32>> {
+    let deadline = Instant::now() + timeout;
+    loop {
+        {
+            let mut children = CHILDREN.lock().unwrap();
+            if let Some(c) = children.iter_mut().find(|c| c.id() == pid) {
+                if let Ok(Some(status)) = c.try_wait() {
+                    return Some(status.code());
+                }
+            } else {
+                return None;
+            }
+        }
+        if Instant::now() > deadline {
+            return None;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}

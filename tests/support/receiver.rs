@@ -1,0 +1,207 @@
+//! A local webhook receiver for tests and benchmarks. It checks every
+//! signature with its own implementation of the Standard Webhooks scheme
+//! (HMAC-SHA256 over "id.timestamp.body", written here from the spec, not by
+//! calling lanekeeper's signer), records what arrived, and misbehaves on
+//! request: `POST /t/<tenant>/<mode>` where mode is `ok`, `delay-<ms>`,
+//! `flaky-<percent>` (500 at random), `fail` (always 500) or `gate` (500
+//! while the gate is closed).
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use axum::body::Bytes;
+use axum::extract::{Path, State};
+use axum::http::{HeaderMap, StatusCode};
+use base64::engine::general_purpose::STANDARD;
+use base64::Engine;
+use hmac::{Hmac, Mac};
+use sha2::Sha256;
+
+/// One request that arrived with valid signatures.
+#[derive(Clone, Debug)]
+pub struct Arrival {
+    pub id: String,
+    pub tenant: String,
+    pub mode: String,
+    pub seq: u64,
+    /// When the producer enqueued it (from the payload), ms since the epoch.
+    pub sent_ms: u64,
+    pub at_ms: u64,
+    /// The receiver answered 2xx.
+    pub accepted: bool,
+}
+
+#[derive(Default)]
+struct Inner {
+    keys: Mutex<HashMap<String, Vec<Vec<u8>>>>,
+    arrivals: Mutex<Vec<Arrival>>,
+    bad_signatures: AtomicU64,
+    gate_open: AtomicBool,
+}
+
+/// A running receiver.
+#[derive(Clone)]
+pub struct Receiver {
+    pub addr: SocketAddr,
+    inner: Arc<Inner>,
+}
+
+pub fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as u64
+}
+
+impl Receiver {
+    /// Start on a free loopback port, on a runtime of its own.
+    pub fn start() -> Receiver {
+        let inner = Arc::new(Inner::default());
+        let (tx, rx) = std::sync::mpsc::channel();
+        let state = inner.clone();
+        std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(2)
+                .enable_all()
+                .build()
+                .unwrap();
+            rt.block_on(async move {
+                let app = axum::Router::new()
+                    .route("/t/{tenant}/{mode}", axum::routing::post(hook))
+                    .with_state(state);
+                let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+                tx.send(listener.local_addr().unwrap()).unwrap();
+                axum::serve(listener, app).await.unwrap();
+            });
+        });
+        Receiver {
+            addr: rx.recv().unwrap(),
+            inner,
+        }
+    }
+
+    /// The URL for `tenant` with behaviour `mode`.
+    pub fn url(&self, tenant: &str, mode: &str) -> String {
+        format!("http://{}/t/{tenant}/{mode}", self.addr)
+    }
+
+    /// Trust these `whsec_` secrets for `tenant`: every one must have signed.
+    pub fn expect_secrets(&self, tenant: &str, secrets: &[String]) {
+        let keys = secrets
+            .iter()
+            .map(|s| STANDARD.decode(s.strip_prefix("whsec_").unwrap()).unwrap())
+            .collect();
+        self.inner
+            .keys
+            .lock()
+            .unwrap()
+            .insert(tenant.to_string(), keys);
+    }
+
+    pub fn open_gate(&self) {
+        self.inner.gate_open.store(true, Ordering::SeqCst);
+    }
+
+    pub fn arrivals(&self) -> Vec<Arrival> {
+        self.inner.arrivals.lock().unwrap().clone()
+    }
+
+    pub fn bad_signatures(&self) -> u64 {
+        self.inner.bad_signatures.load(Ordering::SeqCst)
+    }
+
+    /// Requests seen for `tenant` (accepted or not).
+    pub fn requests_for(&self, tenant: &str) -> usize {
+        self.inner
+            .arrivals
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|a| a.tenant == tenant)
+            .count()
+    }
+}
+
+fn verify(keys: &[Vec<u8>], headers: &HeaderMap, body: &[u8]) -> Result<String, String> {
+    let get = |name: &str| {
+        headers
+            .get(name)
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_string)
+            .ok_or_else(|| format!("missing {name}"))
+    };
+    let id = get("webhook-id")?;
+    let ts = get("webhook-timestamp")?;
+    let sigs = get("webhook-signature")?;
+    let ts_n: i64 = ts.parse().map_err(|_| "bad timestamp".to_string())?;
+    let now = (now_ms() / 1000) as i64;
+    if (now - ts_n).abs() > 300 {
+        return Err(format!("timestamp {ts_n} too far from now {now}"));
+    }
+    let given: Vec<&str> = sigs
+        .split(' ')
+        .map(|s| s.strip_prefix("v1,").ok_or("signature without v1,"))
+        .collect::<Result<_, _>>()?;
+    for key in keys {
+        let mut mac = Hmac::<Sha256>::new_from_slice(key).unwrap();
+        mac.update(format!("{id}.{ts}.").as_bytes());
+        mac.update(body);
+        let want = STANDARD.encode(mac.finalize().into_bytes());
+        if !given.contains(&want.as_str()) {
+            return Err("no signature matches a trusted secret".to_string());
+        }
+    }
+    Ok(id)
+}
+
+async fn hook(
+    State(state): State<Arc<Inner>>,
+    Path((tenant, mode)): Path<(String, String)>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> StatusCode {
+    let keys = state
+        .keys
+        .lock()
+        .unwrap()
+        .get(&tenant)
+        .cloned()
+        .unwrap_or_default();
+    let id = match verify(&keys, &headers, &body) {
+        Ok(id) if !keys.is_empty() => id,
+        _ => {
+            state.bad_signatures.fetch_add(1, Ordering::SeqCst);
+            return StatusCode::UNAUTHORIZED;
+        }
+    };
+    let payload: serde_json::Value = serde_json::from_slice(&body).unwrap_or_default();
+    let accepted = if let Some(ms) = mode.strip_prefix("delay-") {
+        tokio::time::sleep(Duration::from_millis(ms.parse().unwrap_or(0))).await;
+        true
+    } else if let Some(pct) = mode.strip_prefix("flaky-") {
+        rand::random::<f64>() * 100.0 >= pct.parse::<f64>().unwrap_or(0.0)
+    } else if mode == "fail" {
+        false
+    } else if mode == "gate" {
+        state.gate_open.load(Ordering::SeqCst)
+    } else {
+        true
+    };
+    state.arrivals.lock().unwrap().push(Arrival {
+        id,
+        tenant,
+        mode,
+        seq: payload["seq"].as_u64().unwrap_or(0),
+        sent_ms: payload["sent_ms"].as_u64().unwrap_or(0),
+        at_ms: now_ms(),
+        accepted,
+    });
+    if accepted {
+        StatusCode::NO_CONTENT
+    } else {
+        StatusCode::INTERNAL_SERVER_ERROR
+    }
+}
