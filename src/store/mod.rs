@@ -336,6 +336,7 @@ const LEASE_SCAN_BUDGET: u32 = 256;
 /// A connection to the Redis of one ShardSet.
 #[derive(Clone)]
 pub struct Store {
+    client: redis::Client,
     conn: ConnectionManager,
     set: SetId,
 }
@@ -365,8 +366,8 @@ impl Store {
             .set_connection_timeout(Some(opts.connect_timeout))
             .set_response_timeout(Some(opts.response_timeout))
             .set_number_of_retries(2);
-        let conn = ConnectionManager::new_with_config(client, config).await?;
-        Ok(Self { conn, set })
+        let conn = ConnectionManager::new_with_config(client.clone(), config).await?;
+        Ok(Self { client, conn, set })
     }
 
     pub fn set(&self) -> &SetId {
@@ -797,6 +798,22 @@ impl Store {
             items.first().map(int).unwrap_or(0),
             items.get(1).map(int).unwrap_or(0),
         ))
+    }
+
+    /// A stream that yields whenever a tenant becomes active in `q` (new
+    /// work for idle workers), from the queue's pub/sub channel. It ends
+    /// when the connection drops; workers then fall back to polling and
+    /// subscribe again.
+    pub async fn wakeups(
+        &self,
+        q: QueueId,
+    ) -> Result<impl futures::Stream<Item = ()> + Send + use<>> {
+        use futures::StreamExt;
+        let mut pubsub = self.client.get_async_pubsub().await?;
+        pubsub
+            .subscribe(format!("{}:wake", self.queue_prefix(q)))
+            .await?;
+        Ok(pubsub.into_on_message().map(|_| ()))
     }
 
     // ---- relocation primitives -----------------------------------------

@@ -96,6 +96,8 @@ struct Shared {
     endpoints: EndpointCache,
     metrics: WorkerMetrics,
     queue_label: String,
+    /// Woken when a tenant becomes active in the queue (Redis pub/sub).
+    wake: tokio::sync::Notify,
 }
 
 /// Run the worker until `stop` turns true (SIGTERM), then drain: stop
@@ -127,6 +129,7 @@ pub async fn run(
         endpoints: EndpointCache::default(),
         metrics,
         config,
+        wake: tokio::sync::Notify::new(),
     });
     info!(
         queue = %shared.config.queue,
@@ -142,6 +145,35 @@ pub async fn run(
     for slot in 0..shared.config.concurrency {
         let (shared, stop, abandon) = (shared.clone(), stop.clone(), abandon_rx.clone());
         tasks.spawn(async move { delivery_loop(shared, slot, stop, abandon).await });
+    }
+    {
+        let (shared, mut stop) = (shared.clone(), stop.clone());
+        tasks.spawn(async move {
+            // Idle delivery tasks sleep until a tenant becomes active; polling
+            // (at most every second) covers a dropped subscription.
+            use futures::StreamExt;
+            loop {
+                match shared.store.wakeups(shared.config.queue).await {
+                    Ok(stream) => {
+                        let mut stream = std::pin::pin!(stream);
+                        loop {
+                            tokio::select! {
+                                m = stream.next() => match m {
+                                    Some(()) => shared.wake.notify_one(),
+                                    None => break,
+                                },
+                                _ = stop.wait_for(|v| *v) => return,
+                            }
+                        }
+                    }
+                    Err(e) => warn!(error = %e, "cannot subscribe to wake-ups; polling"),
+                }
+                tokio::select! {
+                    _ = tokio::time::sleep(Duration::from_secs(1)) => {}
+                    _ = stop.wait_for(|v| *v) => return,
+                }
+            }
+        });
     }
     {
         let (shared, mut stop) = (shared.clone(), stop.clone());
@@ -187,6 +219,10 @@ async fn delivery_loop(
     let mut next: Option<LeaseOutcome> = None;
     let mut backoff = Duration::from_millis(50);
     loop {
+        // Armed before leasing, so a wake-up between an empty answer and the wait is not lost.
+        let woken = shared.wake.notified();
+        let mut woken = std::pin::pin!(woken);
+        woken.as_mut().enable();
         let outcome = match next.take() {
             Some(o) => o,
             None => {
@@ -211,7 +247,12 @@ async fn delivery_loop(
                 next = handle(&shared, &worker, lease, stopping, abandon.clone()).await;
             }
             LeaseOutcome::Empty { retry_after } => {
-                sleep_or_stop(retry_after.min(Duration::from_millis(200)), &stop).await;
+                let mut stop = stop.clone();
+                tokio::select! {
+                    _ = tokio::time::sleep(retry_after.min(Duration::from_secs(1))) => {}
+                    _ = woken.as_mut() => {}
+                    _ = stop.wait_for(|v| *v) => {}
+                }
             }
             LeaseOutcome::Again => {}
         }

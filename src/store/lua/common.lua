@@ -27,6 +27,7 @@
 --                     HASH  circuit breaker: s closed|open|half, u until ms, ws window start,
 --                           n requests, x failures (absent while closed and healthy)
 --   P:blocked         ZSET  tenant -> ms: tenants whose head envelope's breaker is open
+--   P:wake            CHANNEL published when a tenant becomes active (wakes idle workers)
 local P = KEYS[1]
 local RING = P .. ':ring'
 local FRESH = P .. ':fresh'
@@ -72,6 +73,7 @@ local function activate(t)
   if redis.call('LLEN', lane(t)) == 0 then return end
   redis.call('RPUSH', RING, t)
   redis.call('HSET', tk, 'r', 1)
+  redis.call('PUBLISH', P .. ':wake', t)
 end
 
 -- A tenant that was idle and has new work: it earns its quantum now and, if
@@ -87,6 +89,7 @@ local function activate_fresh(t)
   -- b: what the fresh turn may still charge; refunds at ack do not extend it
   redis.call('HSET', tk, 'r', 1, 'd', d, 'b', q)
   if d > 0 then redis.call('RPUSH', FRESH, t) else redis.call('RPUSH', RING, t) end
+  redis.call('PUBLISH', P .. ':wake', t)
 end
 
 -- Free one in-flight slot; a tenant parked at its cap rejoins the ring if it has work.
