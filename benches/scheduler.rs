@@ -5,107 +5,16 @@
 //! (the ack of one envelope and the lease of the next in one script call).
 //! The last line is `RESULT fair_vs_raw=<x> flat_40k_vs_10=<y> enqueue_per_s=<z>`.
 
+mod common;
 #[path = "../tests/support/mod.rs"]
 mod support;
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
+use common::{connect, enqueue_all, env, fair, CLIENTS, CYCLES};
 use lanekeeper::envelope::Envelope;
-use lanekeeper::routing::QueueId;
-use lanekeeper::scheduler::QueuePolicy;
-use lanekeeper::store::{ConnectOptions, LeaseOutcome, SetId, Store};
-
-const CLIENTS: usize = 50;
-const CYCLES: u64 = 30_000;
-const Q: QueueId = QueueId::Shard(0);
-
-fn env(tenant: &str, i: u64) -> Envelope {
-    Envelope {
-        id: format!("{tenant}-{i}"),
-        tenant: tenant.to_string(),
-        endpoint: Some("main".into()),
-        event_type: Some("bench".into()),
-        payload: serde_json::json!({ "n": i, "body": "x".repeat(200) }),
-    }
-}
-
-async fn connect(url: &str, set: &str) -> Store {
-    Store::connect(url, SetId::new("bench", set), ConnectOptions::default())
-        .await
-        .unwrap()
-}
-
-async fn enqueue_all(store: &Store, envs: Vec<Envelope>) -> f64 {
-    let started = Instant::now();
-    let n = envs.len();
-    let chunks: Vec<Vec<Envelope>> = envs.chunks(1000).map(|c| c.to_vec()).collect();
-    let chunks = Arc::new(std::sync::Mutex::new(chunks));
-    let mut tasks = Vec::new();
-    for _ in 0..4 {
-        let (store, chunks) = (store.clone(), chunks.clone());
-        tasks.push(tokio::spawn(async move {
-            loop {
-                let next = chunks.lock().unwrap().pop();
-                let Some(chunk) = next else { break };
-                for r in store.enqueue_batch(Q, &chunk).await.unwrap() {
-                    r.unwrap();
-                }
-            }
-        }));
-    }
-    for t in tasks {
-        t.await.unwrap();
-    }
-    n as f64 / started.elapsed().as_secs_f64()
-}
-
-/// Lease+ack cycles per second with CLIENTS concurrent clients.
-async fn fair(url: &str, tenants: u64) -> f64 {
-    let set = format!("fair{tenants}");
-    let admin = connect(url, &set).await;
-    admin
-        .configure_queue(Q, &QueuePolicy::default())
-        .await
-        .unwrap();
-    // Enough backlog that every tenant stays active for the whole run.
-    let per = (2 * CYCLES / tenants).max(2);
-    let envs: Vec<Envelope> = (0..per)
-        .flat_map(|i| (0..tenants).map(move |t| env(&format!("t{t}"), i)))
-        .collect();
-    enqueue_all(&admin, envs).await;
-    let done = Arc::new(AtomicU64::new(0));
-    let started = Instant::now();
-    let mut tasks = Vec::new();
-    for c in 0..CLIENTS {
-        let store = connect(url, &set).await;
-        let done = done.clone();
-        tasks.push(tokio::spawn(async move {
-            let worker = format!("b{c}");
-            let lease_for = Duration::from_secs(60);
-            let leased = |o: LeaseOutcome| match o {
-                LeaseOutcome::Leased(l) => l,
-                other => panic!("backlog ran out: {other:?}"),
-            };
-            // A worker's loop: lease, deliver, then ack and lease the next in one call.
-            let mut held = leased(store.lease(Q, &worker, lease_for).await.unwrap());
-            while done.fetch_add(1, Ordering::Relaxed) + 1 < CYCLES {
-                let (acked, next) = store
-                    .ack_and_lease(&held, Duration::from_millis(20), &worker, lease_for)
-                    .await
-                    .unwrap();
-                assert!(acked.acked);
-                held = leased(next);
-            }
-            assert!(store.ack(&held, Duration::from_millis(20)).await.unwrap());
-        }));
-    }
-    for t in tasks {
-        t.await.unwrap();
-    }
-    CYCLES as f64 / started.elapsed().as_secs_f64()
-}
 
 /// The floor: RPOP from one FIFO list, then HINCRBY, per message.
 async fn raw(url: &str) -> f64 {

@@ -3,136 +3,12 @@
 
 mod support;
 
-use std::collections::{BTreeMap, BTreeSet};
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 
-use lanekeeper::endpoint::Endpoint;
-use lanekeeper::envelope::Envelope;
-use lanekeeper::routing::QueueId;
 use lanekeeper::scheduler::{BreakerPolicy, QueuePolicy};
 use lanekeeper::signing::Secret;
-use lanekeeper::store::{SetId, Store};
-use support::receiver::{now_ms, Receiver};
-
-const Q: QueueId = QueueId::Shard(0);
-
-struct Setup {
-    store: Store,
-    set: String,
-    redis_url: String,
-    receiver: Receiver,
-}
-
-async fn setup(policy: QueuePolicy) -> Setup {
-    static N: AtomicU32 = AtomicU32::new(0);
-    let name = format!("w{}", N.fetch_add(1, Ordering::Relaxed));
-    let redis_url = support::redis::shared().url.clone();
-    let store = Store::connect(&redis_url, SetId::new("worker", &name), Default::default())
-        .await
-        .unwrap();
-    store.set_shards(1).await.unwrap();
-    store.configure_queue(Q, &policy).await.unwrap();
-    Setup {
-        store,
-        set: format!("worker/{name}"),
-        redis_url,
-        receiver: Receiver::start(),
-    }
-}
-
-impl Setup {
-    /// Register `tenant`'s default endpoint at the receiver with `mode`.
-    async fn endpoint(&self, tenant: &str, mode: &str, secrets: usize) {
-        let secrets: Vec<String> = (0..secrets).map(|_| Secret::generate()).collect();
-        self.receiver.expect_secrets(tenant, &secrets);
-        self.endpoint_at(tenant, &self.receiver.url(tenant, mode), secrets)
-            .await;
-    }
-
-    async fn endpoint_at(&self, tenant: &str, url: &str, secrets: Vec<String>) {
-        let ep = Endpoint {
-            url: url.to_string(),
-            secrets,
-            enabled: true,
-            event_types: vec![],
-        };
-        self.store
-            .put_endpoint(tenant, "default", &ep)
-            .await
-            .unwrap();
-    }
-
-    async fn send(&self, tenant: &str, seqs: std::ops::Range<u64>) {
-        let envs: Vec<Envelope> = seqs.map(|seq| envelope(tenant, seq)).collect();
-        for chunk in envs.chunks(2000) {
-            for r in self.store.enqueue_batch(Q, chunk).await.unwrap() {
-                r.unwrap();
-            }
-        }
-    }
-
-    fn worker(&self, extra: &[&str]) -> u32 {
-        let mut args = vec![
-            "--allow-cidr",
-            "127.0.0.0/8",
-            "--initial-backoff",
-            "10ms",
-            "--max-backoff",
-            "200ms",
-            "--connect-timeout",
-            "1s",
-            "--lease-margin",
-            "1s",
-        ];
-        args.extend_from_slice(extra);
-        support::workers::spawn(&self.redis_url, &self.set, "shard-00", &args)
-    }
-
-    /// Accepted deliveries, by envelope id.
-    fn accepted(&self) -> BTreeMap<String, usize> {
-        let mut m = BTreeMap::new();
-        for a in self.receiver.arrivals().into_iter().filter(|a| a.accepted) {
-            *m.entry(a.id).or_default() += 1;
-        }
-        m
-    }
-
-    async fn wait_for_accepted(&self, n: usize, timeout: Duration) {
-        let deadline = Instant::now() + timeout;
-        loop {
-            let got = self.accepted().len();
-            if got >= n {
-                return;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "only {got} of {n} envelopes arrived in {timeout:?}"
-            );
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
-    }
-}
-
-fn envelope(tenant: &str, seq: u64) -> Envelope {
-    Envelope {
-        id: format!("{tenant}-{seq}"),
-        tenant: tenant.to_string(),
-        endpoint: None,
-        event_type: Some("test.event".into()),
-        payload: serde_json::json!({ "tenant": tenant, "seq": seq, "sent_ms": now_ms() }),
-    }
-}
-
-fn stop(pid: u32) {
-    support::process::signal(pid, libc::SIGTERM);
-    let code = support::process::wait_exit(pid, Duration::from_secs(30));
-    assert_eq!(
-        code,
-        Some(Some(0)),
-        "worker {pid} did not exit 0 after SIGTERM"
-    );
-}
+use support::scenario::{envelope, setup, small_tenant_scenario, stop, wait_percentiles, Q};
 
 #[tokio::test]
 async fn deliveries_are_signed_with_every_secret_and_all_arrive() {
@@ -367,4 +243,108 @@ async fn breaker_opens_for_a_dead_endpoint_and_a_probe_closes_it() {
         );
     }
     stop(pid);
+}
+
+#[tokio::test]
+async fn sigterm_finishes_or_releases_in_flight_and_exits_zero() {
+    let s = setup(QueuePolicy::default()).await;
+    s.endpoint("slow", "delay-3000", 1).await;
+    s.send("slow", 0..4).await;
+    let pid = s.worker(&[
+        "--concurrency",
+        "4",
+        "--grace-period",
+        "500ms",
+        "--delivery-timeout",
+        "10s",
+    ]);
+    // All four are in flight at the receiver.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while s.store.tenant_state(Q, "slow").await.unwrap().in_flight < 4 {
+        assert!(
+            Instant::now() < deadline,
+            "the worker never leased the envelopes"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let started = Instant::now();
+    stop(pid);
+    let took = started.elapsed();
+    assert!(
+        took < Duration::from_secs(2),
+        "grace period not honoured: {took:?}"
+    );
+    // Released at once, not left for the reaper, and no attempt counted.
+    let st = s.store.tenant_state(Q, "slow").await.unwrap();
+    assert_eq!((st.queued, st.in_flight), (4, 0), "{st:?}");
+    let pid = s.worker(&["--concurrency", "4", "--delivery-timeout", "10s"]);
+    s.wait_for_accepted(4, Duration::from_secs(30)).await;
+    assert!(s.store.dead_letters(Q, 10).await.unwrap().is_empty());
+    stop(pid);
+}
+
+#[tokio::test]
+async fn small_tenant_wait_does_not_grow_with_the_whale_backlog() {
+    let (alone50, alone99, _) = small_tenant_scenario(0, false).await;
+    let (fair50, fair99, fair_drain) = small_tenant_scenario(100_000, false).await;
+    let (fifo50, fifo99, fifo_drain) = small_tenant_scenario(100_000, true).await;
+    eprintln!("small tenant wait, ms (p50 / p99): alone {alone50} / {alone99}; behind a 100000-envelope whale: fair {fair50} / {fair99} (whale drained in {fair_drain:?}); single FIFO {fifo50} / {fifo99} (drained in {fifo_drain:?})");
+    assert!(
+        fair99 <= 2 * alone99.max(25),
+        "small tenant p99 {fair99} ms behind the whale vs {alone99} ms alone"
+    );
+    assert!(
+        fifo99 > 10 * fair99,
+        "the FIFO baseline should show head-of-line blocking"
+    );
+}
+
+#[tokio::test]
+async fn a_slow_endpoint_with_cap_two_barely_moves_the_others() {
+    async fn others_p99(with_slow: bool) -> (u64, u64) {
+        let policy = QueuePolicy {
+            max_in_flight: 2,
+            ..Default::default()
+        };
+        let s = setup(policy).await;
+        s.endpoint("slow", "delay-10000", 1).await;
+        for t in 0..5 {
+            s.endpoint(&format!("other{t}"), "delay-5", 1).await;
+        }
+        if with_slow {
+            s.send("slow", 0..200).await;
+        }
+        let pid = s.worker(&["--concurrency", "8", "--delivery-timeout", "15s"]);
+        for i in 0..40u64 {
+            for t in 0..5 {
+                let e = envelope(&format!("other{t}"), i);
+                s.store.enqueue(Q, &e).await.unwrap();
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while s
+            .accepted()
+            .keys()
+            .filter(|id| id.starts_with("other"))
+            .count()
+            < 200
+        {
+            assert!(
+                Instant::now() < deadline,
+                "the other tenants' events did not all arrive"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        let r = wait_percentiles(&s.receiver, "other");
+        support::process::signal(pid, libc::SIGKILL);
+        r
+    }
+    let (base50, base99) = others_p99(false).await;
+    let (slow50, slow99) = others_p99(true).await;
+    eprintln!("other tenants' wait, ms (p50 / p99): without the slow tenant {base50} / {base99}; with a 10 s endpoint capped at 2 in flight {slow50} / {slow99}");
+    assert!(
+        slow99 <= 2 * base99.max(25),
+        "a 10 s endpoint moved the others' p99 from {base99} to {slow99} ms"
+    );
 }

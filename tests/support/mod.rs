@@ -7,4 +7,5 @@ pub mod controlplane;
 pub mod process;
 pub mod receiver;
 pub mod redis;
+pub mod scenario;
 pub mod workers;
