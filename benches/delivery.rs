@@ -18,7 +18,8 @@ const TENANTS: u64 = 20;
 const PER_TENANT: u64 = 2_500;
 const WORKERS: usize = 2;
 
-async fn end_to_end() -> f64 {
+/// Deliveries per second, and the CPU seconds each part used meanwhile.
+async fn end_to_end() -> (f64, String) {
     let s = setup(QueuePolicy {
         max_in_flight: 64,
         ..Default::default()
@@ -30,17 +31,30 @@ async fn end_to_end() -> f64 {
         s.send(&tenant, 0..PER_TENANT).await;
     }
     let total = (TENANTS * PER_TENANT) as usize;
+    let redis_pid = support::redis::shared().pid;
+    let me = std::process::id();
+    let (redis0, me0) = (
+        support::process::cpu_seconds(redis_pid),
+        support::process::cpu_seconds(me),
+    );
     let started = Instant::now();
     let pids: Vec<u32> = (0..WORKERS)
         .map(|_| s.worker(&["--concurrency", "64"]))
         .collect();
     s.wait_for_accepted(total, Duration::from_secs(600)).await;
-    let rate = total as f64 / started.elapsed().as_secs_f64();
+    let wall = started.elapsed().as_secs_f64();
+    let rate = total as f64 / wall;
+    let workers: f64 = pids.iter().map(|p| support::process::cpu_seconds(*p)).sum();
+    let cpu = format!(
+        "CPU seconds over {wall:.1} s wall (2 cores): redis-server {:.1}, worker processes {workers:.1}, receiver {:.1}",
+        support::process::cpu_seconds(redis_pid) - redis0,
+        support::process::cpu_seconds(me) - me0,
+    );
     assert_eq!(s.receiver.bad_signatures(), 0);
     for pid in pids {
         stop(pid);
     }
-    rate
+    (rate, cpu)
 }
 
 fn main() {
@@ -52,12 +66,13 @@ fn main() {
     rt.block_on(async {
         let lease_ack = common::fair(&url, 10).await;
         println!("store lease+ack (ack_and_lease), {} clients, 10 tenants: {lease_ack:.0} cycles/s", common::CLIENTS);
-        let delivered = end_to_end().await;
+        let (delivered, cpu) = end_to_end().await;
         println!(
             "end to end: {WORKERS} worker processes x 64 in flight, {} envelopes, receiver answers at once: {delivered:.0} deliveries/s ({:.2}x lease+ack)",
             TENANTS * PER_TENANT,
             delivered / lease_ack
         );
+        println!("where the time goes: {cpu}");
         let (alone50, alone99, _) = small_tenant_scenario(0, false).await;
         let (fair50, fair99, drain) = small_tenant_scenario(100_000, false).await;
         println!(

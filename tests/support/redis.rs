@@ -10,6 +10,7 @@ use super::process;
 pub struct TestRedis {
     pub port: u16,
     pub url: String,
+    pub pid: u32,
 }
 
 static SHARED: OnceLock<TestRedis> = OnceLock::new();
@@ -47,6 +48,7 @@ fn start() -> TestRedis {
     TestRedis {
         port,
         url: format!("redis://127.0.0.1:{port}/"),
+        pid,
     }
 }
 
