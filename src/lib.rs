@@ -2,6 +2,7 @@
 //! runs, built so that one tenant's flood cannot delay every other tenant's
 //! webhooks. See `docs/architecture.md` for the module map.
 
+pub mod controller;
 pub mod crd;
 pub mod endpoint;
 pub mod envelope;

@@ -58,6 +58,17 @@ enum Command {
     /// grace period and gives back the rest; SIGKILL loses nothing either.
     Worker(Box<WorkerArgs>),
 
+    /// Run the operator: ShardSets become worker Deployments, routing in
+    /// Redis, and status. Uses the in-cluster identity or $KUBECONFIG.
+    Controller {
+        /// Watch only this namespace (default: all).
+        #[arg(long, env = "LANEKEEPER_WATCH_NAMESPACE")]
+        namespace: Option<String>,
+        /// Address for /metrics, /healthz and /readyz.
+        #[arg(long, env = "LANEKEEPER_METRICS_ADDR", default_value = "0.0.0.0:8080")]
+        metrics_addr: std::net::SocketAddr,
+    },
+
     /// Show which tenants own each queue's backlog and capacity.
     ///
     /// For every queue of a ShardSet: tenant, outstanding depth, its share of
@@ -167,6 +178,10 @@ fn main() -> ExitCode {
             limit,
         } => runtime().and_then(|rt| rt.block_on(top(target, window.into(), limit))),
         Command::Worker(args) => runtime().and_then(|rt| rt.block_on(worker(*args))),
+        Command::Controller {
+            namespace,
+            metrics_addr,
+        } => runtime().and_then(|rt| rt.block_on(controller(namespace, metrics_addr))),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -303,4 +318,34 @@ async fn worker(args: WorkerArgs) -> anyhow::Result<()> {
     };
     let stop = lanekeeper::worker::stop_on_signals();
     lanekeeper::worker::run(store, config, stop).await
+}
+
+async fn controller(
+    namespace: Option<String>,
+    metrics_addr: std::net::SocketAddr,
+) -> anyhow::Result<()> {
+    use anyhow::Context;
+    let client = kube::Client::try_default()
+        .await
+        .context("no Kubernetes credentials: run in a pod, or set KUBECONFIG")?;
+    let metrics = lanekeeper::telemetry::ControllerMetrics::default();
+    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+    let bound = lanekeeper::telemetry::serve(metrics_addr, metrics.clone(), async move {
+        let _ = stop_rx.await;
+    })
+    .await
+    .with_context(|| format!("serving metrics on {metrics_addr}"))?;
+    tracing::info!(%bound, "serving /metrics, /healthz and /readyz");
+    let ctx = std::sync::Arc::new(lanekeeper::controller::Context::new(
+        client.clone(),
+        metrics,
+    ));
+    let result = lanekeeper::controller::run(
+        client,
+        lanekeeper::controller::ControllerOptions { namespace },
+        ctx,
+    )
+    .await;
+    let _ = stop_tx.send(());
+    result
 }

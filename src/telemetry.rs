@@ -139,19 +139,97 @@ impl WorkerMetrics {
         }
         "other".to_string()
     }
+}
 
-    /// Prometheus text exposition.
-    pub fn encode(&self) -> String {
-        let mut out = String::new();
-        let _ = prometheus_client::encoding::text::encode(&mut out, &self.registry);
-        out
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ErrorLabels {
+    pub kind: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct SetLabels {
+    pub namespace: String,
+    pub shard_set: String,
+}
+
+/// The controller's metrics.
+#[derive(Clone)]
+pub struct ControllerMetrics {
+    registry: Arc<Registry>,
+    pub reconciles: Counter,
+    pub reconcile_errors: Family<ErrorLabels, Counter>,
+    pub reconcile_duration: Histogram,
+    pub shards: Family<SetLabels, Gauge>,
+    pub lanes_used: Family<SetLabels, Gauge>,
+}
+
+impl Default for ControllerMetrics {
+    fn default() -> Self {
+        let mut registry = Registry::default();
+        let reconciles = Counter::default();
+        let reconcile_errors = Family::<ErrorLabels, Counter>::default();
+        let reconcile_duration = Histogram::new(exponential_buckets(0.001, 2.0, 16));
+        let shards = Family::<SetLabels, Gauge>::default();
+        let lanes_used = Family::<SetLabels, Gauge>::default();
+        registry.register(
+            "lanekeeper_reconciles",
+            "ShardSet reconciles run",
+            reconciles.clone(),
+        );
+        registry.register(
+            "lanekeeper_reconcile_errors",
+            "Failed reconciles by kind",
+            reconcile_errors.clone(),
+        );
+        registry.register(
+            "lanekeeper_reconcile_duration_seconds",
+            "Time per ShardSet reconcile",
+            reconcile_duration.clone(),
+        );
+        registry.register("lanekeeper_shards", "Shards per ShardSet", shards.clone());
+        registry.register(
+            "lanekeeper_lanes_used",
+            "Dedicated lanes admitted per ShardSet",
+            lanes_used.clone(),
+        );
+        Self {
+            registry: Arc::new(registry),
+            reconciles,
+            reconcile_errors,
+            reconcile_duration,
+            shards,
+            lanes_used,
+        }
     }
 }
 
-/// Serve `/metrics` and `/healthz` on `addr` until `shutdown` resolves.
+impl Encode for ControllerMetrics {
+    fn encode(&self) -> String {
+        encode_registry(&self.registry)
+    }
+}
+
+/// Something that renders Prometheus text.
+pub trait Encode: Clone + Send + Sync + 'static {
+    fn encode(&self) -> String;
+}
+
+impl Encode for WorkerMetrics {
+    fn encode(&self) -> String {
+        encode_registry(&self.registry)
+    }
+}
+
+fn encode_registry(registry: &Registry) -> String {
+    let mut out = String::new();
+    let _ = prometheus_client::encoding::text::encode(&mut out, registry);
+    out
+}
+
+/// Serve `/metrics`, `/healthz` and `/readyz` on `addr` until `shutdown` resolves.
 pub async fn serve(
     addr: SocketAddr,
-    metrics: WorkerMetrics,
+    metrics: impl Encode,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<SocketAddr> {
     use axum::routing::get;
@@ -171,7 +249,8 @@ pub async fn serve(
                 }
             }),
         )
-        .route("/healthz", get(|| async { "ok" }));
+        .route("/healthz", get(|| async { "ok" }))
+        .route("/readyz", get(|| async { "ok" }));
     let listener = tokio::net::TcpListener::bind(addr).await?;
     let bound = listener.local_addr()?;
     tokio::spawn(async move {

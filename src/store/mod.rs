@@ -1040,6 +1040,14 @@ fn parse_lease(q: QueueId, items: &[Value]) -> Result<LeaseOutcome> {
     }
 }
 
+/// `url` with `password` set (for a Redis whose password lives in its own Secret).
+pub fn with_password(url: &str, password: &str) -> std::result::Result<String, String> {
+    let mut u = url::Url::parse(url).map_err(|e| format!("redis url {url:?}: {e}"))?;
+    u.set_password(Some(password))
+        .map_err(|_| format!("redis url {url:?} cannot carry a password"))?;
+    Ok(u.to_string())
+}
+
 /// Validate an envelope and encode it as stored.
 fn encode(env: &Envelope) -> Result<Vec<u8>> {
     env.validate()?;

@@ -21,13 +21,28 @@ pub fn shared() -> &'static TestRedis {
     SHARED.get_or_init(start)
 }
 
+/// A Redis of its own, for a test that stops and restarts it.
+pub fn dedicated() -> TestRedis {
+    start_on(process::free_port())
+}
+
+/// Stop `redis` at once (SIGKILL).
+pub fn kill(redis: &TestRedis) {
+    process::signal(redis.pid, libc::SIGKILL);
+    let _ = process::wait_exit(redis.pid, Duration::from_secs(10));
+}
+
 fn start() -> TestRedis {
+    start_on(process::free_port())
+}
+
+/// Start a redis-server on `port` (again, after `kill`).
+pub fn start_on(port: u16) -> TestRedis {
     let server = process::require_program(
         "redis-server",
         "install it with `apt-get install redis-server` (the tests need a real Redis)",
     );
     let dir = process::scratch_dir("redis");
-    let port = process::free_port();
     let log = dir.join("redis.log");
     let mut cmd = Command::new(server);
     cmd.args(["--bind", "127.0.0.1", "--port", &port.to_string()])

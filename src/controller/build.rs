@@ -1,0 +1,380 @@
+//! Pure functions from a ShardSet to the objects it wants: spec in,
+//! Deployments out, no client.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::apps::v1::{Deployment, DeploymentSpec};
+use k8s_openapi::api::core::v1::{
+    Capabilities, Container, ContainerPort, EnvVar, EnvVarSource, HTTPGetAction,
+    PodSecurityContext, PodSpec, PodTemplateSpec, Probe, SeccompProfile, SecretKeySelector,
+    SecurityContext, Volume, VolumeMount,
+};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta, OwnerReference};
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+use kube::Resource;
+
+use crate::crd::{SecretKeyRef, ShardSet, WorkerTemplate};
+use crate::routing::QueueId;
+
+/// The field manager of every object and status the controller writes.
+pub const FIELD_MANAGER: &str = "lanekeeper-controller";
+pub const APP: &str = "lanekeeper";
+pub const METRICS_PORT: i32 = 9090;
+
+/// Why a ShardSet cannot be built into objects.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum BuildError {
+    #[error("the ShardSet has no name, namespace or uid (not read from the API server?)")]
+    Incomplete,
+    #[error("spec.shards {0} is out of range 1..=1024")]
+    Shards(i32),
+}
+
+/// `<set>-shard-07` / `<set>-lane-3`.
+pub fn deployment_name(set: &str, q: QueueId) -> String {
+    format!("{set}-{q}")
+}
+
+/// Labels on every object of a set; `component` is `shard` or `lane`.
+pub fn labels(set: &str, component: &str) -> BTreeMap<String, String> {
+    BTreeMap::from([
+        ("app.kubernetes.io/name".to_string(), APP.to_string()),
+        ("app.kubernetes.io/instance".to_string(), set.to_string()),
+        (
+            "app.kubernetes.io/component".to_string(),
+            component.to_string(),
+        ),
+        (
+            "app.kubernetes.io/managed-by".to_string(),
+            FIELD_MANAGER.to_string(),
+        ),
+    ])
+}
+
+/// The label selector that finds a set's shard Deployments.
+pub fn shard_selector(set: &str) -> String {
+    labels(set, "shard")
+        .iter()
+        .map(|(k, v)| format!("{k}={v}"))
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+/// One worker Deployment per shard, named `<set>-shard-NN`.
+pub fn shard_deployments(set: &ShardSet) -> Result<Vec<Deployment>, BuildError> {
+    let shards = set.spec.shards;
+    if !(1..=1024).contains(&shards) {
+        return Err(BuildError::Shards(shards));
+    }
+    (0..shards as u16)
+        .map(|n| worker_deployment(set, QueueId::Shard(n), "shard", &set.spec.worker))
+        .collect()
+}
+
+fn owner(set: &ShardSet) -> Result<OwnerReference, BuildError> {
+    set.controller_owner_ref(&()).ok_or(BuildError::Incomplete)
+}
+
+fn secret_env(name: &str, r: &SecretKeyRef) -> EnvVar {
+    EnvVar {
+        name: name.to_string(),
+        value_from: Some(EnvVarSource {
+            secret_key_ref: Some(SecretKeySelector {
+                name: r.name.clone(),
+                key: r.key.clone(),
+                optional: Some(false),
+            }),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
+fn plain_env(name: &str, value: impl Into<String>) -> EnvVar {
+    EnvVar {
+        name: name.to_string(),
+        value: Some(value.into()),
+        ..Default::default()
+    }
+}
+
+/// The worker Deployment of queue `q`.
+pub fn worker_deployment(
+    set: &ShardSet,
+    q: QueueId,
+    component: &str,
+    worker: &WorkerTemplate,
+) -> Result<Deployment, BuildError> {
+    let name = set.metadata.name.clone().ok_or(BuildError::Incomplete)?;
+    let namespace = set
+        .metadata
+        .namespace
+        .clone()
+        .ok_or(BuildError::Incomplete)?;
+    let mut labels = labels(&name, component);
+    let selector = labels.clone();
+    labels.insert("lanekeeper.io/queue".to_string(), q.to_string());
+    let mut pod_labels = selector.clone();
+    pod_labels.insert("lanekeeper.io/queue".to_string(), q.to_string());
+
+    let spec = &set.spec;
+    // Credentials are referenced from their Secret, never copied in.
+    let mut env = vec![
+        plain_env("LANEKEEPER_SHARD_SET", format!("{namespace}/{name}")),
+        plain_env("LANEKEEPER_QUEUE", q.to_string()),
+        plain_env("LANEKEEPER_CONCURRENCY", worker.concurrency.to_string()),
+        plain_env(
+            "LANEKEEPER_DELIVERY_TIMEOUT",
+            spec.delivery.timeout.to_string(),
+        ),
+        plain_env(
+            "LANEKEEPER_CONNECT_TIMEOUT",
+            spec.delivery.connect_timeout.to_string(),
+        ),
+        plain_env(
+            "LANEKEEPER_INITIAL_BACKOFF",
+            spec.delivery.initial_backoff.to_string(),
+        ),
+        plain_env(
+            "LANEKEEPER_MAX_BACKOFF",
+            spec.delivery.max_backoff.to_string(),
+        ),
+        plain_env("LANEKEEPER_METRICS_ADDR", format!("0.0.0.0:{METRICS_PORT}")),
+        plain_env("LANEKEEPER_LOG_FORMAT", "json"),
+        EnvVar {
+            name: "POD_NAME".to_string(),
+            value_from: Some(EnvVarSource {
+                field_ref: Some(k8s_openapi::api::core::v1::ObjectFieldSelector {
+                    field_path: "metadata.name".to_string(),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            }),
+            ..Default::default()
+        },
+    ];
+    match (&spec.redis.url, &spec.redis.url_secret_ref) {
+        (_, Some(r)) => env.push(secret_env("LANEKEEPER_REDIS_URL", r)),
+        (Some(url), None) => env.push(plain_env("LANEKEEPER_REDIS_URL", url.clone())),
+        (None, None) => {}
+    }
+    if let Some(r) = &spec.redis.password_secret_ref {
+        env.push(secret_env("LANEKEEPER_REDIS_PASSWORD", r));
+    }
+    env.extend(worker.env.iter().cloned());
+
+    let probe = |path: &str| Probe {
+        http_get: Some(HTTPGetAction {
+            path: Some(path.to_string()),
+            port: IntOrString::String("metrics".to_string()),
+            ..Default::default()
+        }),
+        period_seconds: Some(10),
+        ..Default::default()
+    };
+    let container = Container {
+        name: "worker".to_string(),
+        image: Some(worker.image.clone()),
+        image_pull_policy: worker.image_pull_policy.clone(),
+        args: Some(vec!["worker".to_string()]),
+        env: Some(env),
+        ports: Some(vec![ContainerPort {
+            name: Some("metrics".to_string()),
+            container_port: METRICS_PORT,
+            ..Default::default()
+        }]),
+        resources: worker.resources.clone(),
+        liveness_probe: Some(probe("/healthz")),
+        readiness_probe: Some(probe("/healthz")),
+        security_context: Some(SecurityContext {
+            allow_privilege_escalation: Some(false),
+            read_only_root_filesystem: Some(true),
+            run_as_non_root: Some(true),
+            capabilities: Some(Capabilities {
+                drop: Some(vec!["ALL".to_string()]),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }),
+        volume_mounts: Some(vec![VolumeMount {
+            name: "tmp".to_string(),
+            mount_path: "/tmp".to_string(),
+            ..Default::default()
+        }]),
+        ..Default::default()
+    };
+    let pod = PodSpec {
+        containers: vec![container],
+        node_selector: (!worker.node_selector.is_empty()).then(|| worker.node_selector.clone()),
+        tolerations: (!worker.tolerations.is_empty()).then(|| worker.tolerations.clone()),
+        affinity: worker.affinity.clone(),
+        priority_class_name: worker.priority_class_name.clone(),
+        service_account_name: worker.service_account_name.clone(),
+        // Lets deliveries in flight finish or be released (the worker's grace is 25 s).
+        termination_grace_period_seconds: Some(30),
+        security_context: Some(PodSecurityContext {
+            run_as_non_root: Some(true),
+            run_as_user: Some(65532),
+            run_as_group: Some(65532),
+            seccomp_profile: Some(SeccompProfile {
+                type_: "RuntimeDefault".to_string(),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }),
+        volumes: Some(vec![Volume {
+            name: "tmp".to_string(),
+            empty_dir: Some(Default::default()),
+            ..Default::default()
+        }]),
+        ..Default::default()
+    };
+    Ok(Deployment {
+        metadata: ObjectMeta {
+            name: Some(deployment_name(&name, q)),
+            namespace: Some(namespace),
+            labels: Some(labels),
+            owner_references: Some(vec![owner(set)?]),
+            ..Default::default()
+        },
+        spec: Some(DeploymentSpec {
+            // Left out when an autoscaler owns the count, so SSA never fights it.
+            replicas: if worker.autoscaled {
+                None
+            } else {
+                Some(worker.replicas.unwrap_or(1))
+            },
+            selector: LabelSelector {
+                match_labels: Some(pod_labels.clone()),
+                ..Default::default()
+            },
+            template: PodTemplateSpec {
+                metadata: Some(ObjectMeta {
+                    labels: Some(pod_labels),
+                    ..Default::default()
+                }),
+                spec: Some(pod),
+            },
+            ..Default::default()
+        }),
+        status: None,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn set(yaml: &str) -> ShardSet {
+        let mut s: ShardSet = serde_yaml::from_str(yaml).unwrap();
+        s.metadata.namespace = Some("prod".into());
+        s.metadata.uid = Some("uid-1".into());
+        s
+    }
+
+    const FIXTURE: &str = r#"
+apiVersion: lanekeeper.io/v1alpha1
+kind: ShardSet
+metadata: {name: webhooks}
+spec:
+  shards: 3
+  redis:
+    urlSecretRef: {name: redis, key: url}
+  worker:
+    image: lanekeeper:1.2.3
+    replicas: 2
+    concurrency: 24
+"#;
+
+    #[test]
+    fn one_deployment_per_shard_with_labels_owner_and_args() {
+        let ds = shard_deployments(&set(FIXTURE)).unwrap();
+        let names: Vec<_> = ds
+            .iter()
+            .map(|d| d.metadata.name.clone().unwrap())
+            .collect();
+        assert_eq!(
+            names,
+            [
+                "webhooks-shard-00",
+                "webhooks-shard-01",
+                "webhooks-shard-02"
+            ]
+        );
+        let d = &ds[1];
+        let labels = d.metadata.labels.as_ref().unwrap();
+        assert_eq!(labels["app.kubernetes.io/name"], "lanekeeper");
+        assert_eq!(labels["app.kubernetes.io/instance"], "webhooks");
+        assert_eq!(labels["app.kubernetes.io/component"], "shard");
+        assert_eq!(
+            labels["app.kubernetes.io/managed-by"],
+            "lanekeeper-controller"
+        );
+        assert_eq!(labels["lanekeeper.io/queue"], "shard-01");
+        let owner = &d.metadata.owner_references.as_ref().unwrap()[0];
+        assert_eq!(
+            (owner.kind.as_str(), owner.name.as_str(), owner.controller),
+            ("ShardSet", "webhooks", Some(true))
+        );
+        let spec = d.spec.as_ref().unwrap();
+        assert_eq!(spec.replicas, Some(2));
+        let c = &spec.template.spec.as_ref().unwrap().containers[0];
+        assert_eq!(c.image.as_deref(), Some("lanekeeper:1.2.3"));
+        assert_eq!(c.args.as_deref(), Some(&["worker".to_string()][..]));
+        let env = c.env.as_ref().unwrap();
+        let get = |n: &str| env.iter().find(|e| e.name == n).unwrap();
+        assert_eq!(get("LANEKEEPER_QUEUE").value.as_deref(), Some("shard-01"));
+        assert_eq!(
+            get("LANEKEEPER_SHARD_SET").value.as_deref(),
+            Some("prod/webhooks")
+        );
+        assert_eq!(get("LANEKEEPER_CONCURRENCY").value.as_deref(), Some("24"));
+        // The Redis URL is referenced from its Secret, never copied.
+        let url = get("LANEKEEPER_REDIS_URL");
+        assert!(url.value.is_none());
+        assert_eq!(
+            url.value_from
+                .as_ref()
+                .unwrap()
+                .secret_key_ref
+                .as_ref()
+                .unwrap()
+                .name,
+            "redis"
+        );
+    }
+
+    #[test]
+    fn hardened_security_context() {
+        let d = &shard_deployments(&set(FIXTURE)).unwrap()[0];
+        let pod = d.spec.as_ref().unwrap().template.spec.as_ref().unwrap();
+        let psc = pod.security_context.as_ref().unwrap();
+        assert_eq!(psc.run_as_non_root, Some(true));
+        assert_eq!(
+            psc.seccomp_profile.as_ref().unwrap().type_,
+            "RuntimeDefault"
+        );
+        let sc = pod.containers[0].security_context.as_ref().unwrap();
+        assert_eq!(sc.read_only_root_filesystem, Some(true));
+        assert_eq!(sc.allow_privilege_escalation, Some(false));
+        assert_eq!(
+            sc.capabilities.as_ref().unwrap().drop.as_deref(),
+            Some(&["ALL".to_string()][..])
+        );
+    }
+
+    #[test]
+    fn autoscaled_sets_leave_replicas_alone() {
+        let yaml = FIXTURE.replace("replicas: 2", "autoscaled: true");
+        let d = &shard_deployments(&set(&yaml)).unwrap()[0];
+        assert_eq!(d.spec.as_ref().unwrap().replicas, None);
+        assert!(!serde_json::to_string(d).unwrap().contains("\"replicas\""));
+    }
+
+    #[test]
+    fn incomplete_objects_are_an_error() {
+        let mut s = set(FIXTURE);
+        s.metadata.uid = None;
+        assert_eq!(shard_deployments(&s).unwrap_err(), BuildError::Incomplete);
+    }
+}

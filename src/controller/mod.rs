@@ -1,0 +1,339 @@
+//! `lanekeeper controller`: a ShardSet becomes one worker Deployment per
+//! shard, the routing table and queue policies in Redis, and honest status.
+//!
+//! Reconcile is a pipeline: validate and build (pure, `build`), apply
+//! (server-side apply, then prune what the set no longer wants), write Redis,
+//! then status (server-side apply with a stable field manager).
+
+pub mod build;
+pub mod status;
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use futures::StreamExt;
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::Secret;
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams};
+use kube::runtime::controller::{Action, Controller};
+use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+use kube::runtime::reflector::ObjectRef;
+use kube::runtime::watcher;
+use kube::{Client, Resource, ResourceExt};
+use tracing::{info, warn};
+
+use crate::crd::{RedisSpec, ShardSet, ShardSetStatus};
+use crate::routing::QueueId;
+use crate::scheduler::QueuePolicy;
+use crate::store::{ConnectOptions, SetId, Store};
+use build::{shard_deployments, shard_selector, BuildError, FIELD_MANAGER};
+
+/// What can go wrong in a reconcile.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("Kubernetes API: {0}")]
+    Kube(#[from] kube::Error),
+    #[error("invalid spec: {0}")]
+    Build(#[from] BuildError),
+}
+
+/// Shared state of the reconcilers.
+pub struct Context {
+    pub client: Client,
+    reporter: Reporter,
+    /// One Redis connection per (URL, set), reused across reconciles.
+    stores: Mutex<HashMap<(String, SetId), Store>>,
+    /// Consecutive failures per object, for bounded exponential backoff.
+    failures: Mutex<HashMap<ObjectRef<ShardSet>, u32>>,
+    pub metrics: crate::telemetry::ControllerMetrics,
+}
+
+impl Context {
+    pub fn new(client: Client, metrics: crate::telemetry::ControllerMetrics) -> Self {
+        Self {
+            client,
+            reporter: Reporter::from(FIELD_MANAGER),
+            stores: Mutex::default(),
+            failures: Mutex::default(),
+            metrics,
+        }
+    }
+}
+
+/// Where the controller runs.
+#[derive(Clone, Debug)]
+pub struct ControllerOptions {
+    /// Watch one namespace, or all when `None`.
+    pub namespace: Option<String>,
+}
+
+/// Check the CRDs are installed, then run the ShardSet controller until SIGTERM.
+pub async fn run(client: Client, opts: ControllerOptions, ctx: Arc<Context>) -> anyhow::Result<()> {
+    let sets: Api<ShardSet> = match &opts.namespace {
+        Some(ns) => Api::namespaced(client.clone(), ns),
+        None => Api::all(client.clone()),
+    };
+    let deployments: Api<Deployment> = match &opts.namespace {
+        Some(ns) => Api::namespaced(client.clone(), ns),
+        None => Api::all(client.clone()),
+    };
+    if let Err(e) = sets.list(&ListParams::default().limit(1)).await {
+        anyhow::bail!(
+            "cannot list ShardSets ({e}); are the CRDs installed? Run `kubectl apply -f crds/` (or `lanekeeper crds | kubectl apply -f -`)"
+        );
+    }
+    info!(namespace = ?opts.namespace, "controller started");
+    Controller::new(sets, watcher::Config::default().any_semantic())
+        .owns(
+            deployments,
+            watcher::Config::default().labels("app.kubernetes.io/managed-by=lanekeeper-controller"),
+        )
+        .shutdown_on_signal()
+        .run(reconcile, error_policy, ctx)
+        .for_each(|res| async move {
+            if let Err(e) = res {
+                warn!(error = %e, "reconcile failed");
+            }
+        })
+        .await;
+    info!("controller stopped");
+    Ok(())
+}
+
+fn error_policy(set: Arc<ShardSet>, err: &Error, ctx: Arc<Context>) -> Action {
+    ctx.metrics
+        .reconcile_errors
+        .get_or_create(&error_kind(err))
+        .inc();
+    match err {
+        // Waits for a change of the spec.
+        Error::Build(_) => Action::await_change(),
+        Error::Kube(_) => {
+            let mut failures = ctx.failures.lock().unwrap_or_else(|e| e.into_inner());
+            let n = failures.entry(ObjectRef::from_obj(&*set)).or_default();
+            *n += 1;
+            Action::requeue(Duration::from_secs(2u64.saturating_pow(*n).min(300)))
+        }
+    }
+}
+
+fn error_kind(err: &Error) -> crate::telemetry::ErrorLabels {
+    crate::telemetry::ErrorLabels {
+        kind: match err {
+            Error::Kube(_) => "kube",
+            Error::Build(_) => "invalid_spec",
+        }
+        .to_string(),
+    }
+}
+
+async fn reconcile(set: Arc<ShardSet>, ctx: Arc<Context>) -> Result<Action, Error> {
+    let started = Instant::now();
+    ctx.metrics.reconciles.inc();
+    let result = reconcile_inner(&set, &ctx).await;
+    ctx.metrics
+        .reconcile_duration
+        .observe(started.elapsed().as_secs_f64());
+    if result.is_ok() {
+        ctx.failures
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&ObjectRef::from_obj(&*set));
+    }
+    result
+}
+
+async fn reconcile_inner(set: &ShardSet, ctx: &Context) -> Result<Action, Error> {
+    let name = set.name_any();
+    let ns = set.namespace().unwrap_or_default();
+    let deployments: Api<Deployment> = Api::namespaced(ctx.client.clone(), &ns);
+    let sets: Api<ShardSet> = Api::namespaced(ctx.client.clone(), &ns);
+
+    // validate + build (pure)
+    let wanted = match shard_deployments(set) {
+        Ok(w) => w,
+        Err(e) => {
+            let st = status::invalid_spec(set, &e.to_string());
+            write_status(&sets, set, ctx, st).await?;
+            return Err(e.into());
+        }
+    };
+
+    // apply, then prune what the set no longer wants
+    let params = PatchParams::apply(FIELD_MANAGER).force();
+    for d in &wanted {
+        let dname = d.metadata.name.clone().unwrap_or_default();
+        deployments.patch(&dname, &params, &Patch::Apply(d)).await?;
+    }
+    let existing = deployments
+        .list(&ListParams::default().labels(&shard_selector(&name)))
+        .await?;
+    let wanted_names: Vec<String> = wanted
+        .iter()
+        .filter_map(|d| d.metadata.name.clone())
+        .collect();
+    for d in &existing.items {
+        let dname = d.name_any();
+        if !wanted_names.contains(&dname) {
+            info!(set = %name, deployment = %dname, "pruning a shard Deployment the set no longer wants");
+            deployments
+                .delete(&dname, &DeleteParams::background())
+                .await?;
+        }
+    }
+    let current: Vec<&Deployment> = existing
+        .items
+        .iter()
+        .filter(|d| wanted_names.contains(&d.name_any()))
+        .collect();
+
+    // Redis: routing table and queue policies, then attribution for status
+    let redis = sync_redis(set, ctx).await;
+
+    let st = status::compute(set, &current, redis.as_ref());
+    let ready = st
+        .conditions
+        .iter()
+        .any(|c| c.type_ == "Ready" && c.status == "True");
+    write_status(&sets, set, ctx, st).await?;
+    Ok(if ready {
+        Action::requeue(Duration::from_secs(60))
+    } else {
+        Action::requeue(Duration::from_secs(10))
+    })
+}
+
+/// Write the routing table and the queue policies; read attribution.
+async fn sync_redis(set: &ShardSet, ctx: &Context) -> Result<status::RedisView, String> {
+    let store = store_for(set, ctx).await?;
+    let shards = set.spec.shards as u16;
+    store.set_shards(shards).await.map_err(|e| e.to_string())?;
+    let policy = QueuePolicy::from_spec(&set.spec);
+    let window: Duration = set.spec.promotion.window.into();
+    let mut view = status::RedisView::default();
+    for n in 0..shards {
+        let q = QueueId::Shard(n);
+        store
+            .configure_queue(q, &policy)
+            .await
+            .map_err(|e| e.to_string())?;
+        let stats = store
+            .tenant_stats(q, window)
+            .await
+            .map_err(|e| e.to_string())?;
+        view.queues.push((q, stats));
+    }
+    ctx.metrics
+        .shards
+        .get_or_create(&set_labels(set))
+        .set(shards as i64);
+    Ok(view)
+}
+
+fn set_labels(set: &ShardSet) -> crate::telemetry::SetLabels {
+    crate::telemetry::SetLabels {
+        namespace: set.namespace().unwrap_or_default(),
+        shard_set: set.name_any(),
+    }
+}
+
+async fn store_for(set: &ShardSet, ctx: &Context) -> Result<Store, String> {
+    let ns = set.namespace().unwrap_or_default();
+    let url = redis_url(&ctx.client, &ns, &set.spec.redis).await?;
+    let id = SetId::new(&ns, set.name_any());
+    let key = (url.clone(), id.clone());
+    if let Some(s) = ctx
+        .stores
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .get(&key)
+    {
+        return Ok(s.clone());
+    }
+    let opts = ConnectOptions {
+        connect_timeout: Duration::from_secs(3),
+        response_timeout: Duration::from_secs(3),
+    };
+    let store = Store::connect(&url, id, opts)
+        .await
+        .map_err(|e| format!("cannot reach Redis for {ns}/{}: {e}", set.name_any()))?;
+    ctx.stores
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .insert(key, store.clone());
+    Ok(store)
+}
+
+/// The Redis URL of a set, resolving Secret references.
+async fn redis_url(client: &Client, ns: &str, spec: &RedisSpec) -> Result<String, String> {
+    let secrets: Api<Secret> = Api::namespaced(client.clone(), ns);
+    let read = |name: String, key: String| {
+        let secrets = secrets.clone();
+        async move {
+            let s = secrets
+                .get(&name)
+                .await
+                .map_err(|e| format!("reading Secret {ns}/{name}: {e}"))?;
+            let v = s
+                .data
+                .and_then(|d| d.get(&key).cloned())
+                .ok_or_else(|| format!("Secret {ns}/{name} has no key {key}"))?;
+            String::from_utf8(v.0).map_err(|_| format!("Secret {ns}/{name} key {key} is not UTF-8"))
+        }
+    };
+    let url = match (&spec.url, &spec.url_secret_ref) {
+        (_, Some(r)) => read(r.name.clone(), r.key.clone()).await?,
+        (Some(u), None) => u.clone(),
+        (None, None) => return Err("spec.redis has neither url nor urlSecretRef".to_string()),
+    };
+    match &spec.password_secret_ref {
+        Some(r) => {
+            let password = read(r.name.clone(), r.key.clone()).await?;
+            crate::store::with_password(&url, &password)
+        }
+        None => Ok(url),
+    }
+}
+
+async fn write_status(
+    sets: &Api<ShardSet>,
+    set: &ShardSet,
+    ctx: &Context,
+    st: ShardSetStatus,
+) -> Result<(), Error> {
+    let before = set.status.clone().unwrap_or_default();
+    for t in status::transitions(&before, &st) {
+        let recorder = Recorder::new(ctx.client.clone(), ctx.reporter.clone());
+        let event = Event {
+            type_: if t.warning {
+                EventType::Warning
+            } else {
+                EventType::Normal
+            },
+            reason: t.reason,
+            note: Some(t.note),
+            action: format!("{}Changed", t.type_),
+            secondary: None,
+        };
+        if let Err(e) = recorder.publish(&event, &set.object_ref(&())).await {
+            warn!(error = %e, "cannot record an event");
+        }
+    }
+    let patch = serde_json::json!({
+        "apiVersion": "lanekeeper.io/v1alpha1",
+        "kind": "ShardSet",
+        "status": st,
+    });
+    sets.patch_status(
+        &set.name_any(),
+        &PatchParams::apply(FIELD_MANAGER).force(),
+        &Patch::Apply(&patch),
+    )
+    .await?;
+    ctx.metrics
+        .lanes_used
+        .get_or_create(&set_labels(set))
+        .set(st.lanes_used as i64);
+    Ok(())
+}

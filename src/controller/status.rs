@@ -1,0 +1,367 @@
+//! ShardSet status, computed from its Deployments and Redis (pure).
+
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+
+use crate::crd::{ShardSet, ShardSetStatus, TenantShare};
+use crate::routing::QueueId;
+use crate::store::TenantStats;
+
+/// What Redis said during this reconcile.
+#[derive(Clone, Debug, Default)]
+pub struct RedisView {
+    /// Per shard, tenant attribution over the promotion window.
+    pub queues: Vec<(QueueId, Vec<TenantStats>)>,
+}
+
+/// Tenants listed in `status.topTenants`.
+const TOP_TENANTS: usize = 10;
+
+/// A condition, keeping `lastTransitionTime` unless `status` flips.
+fn condition(
+    prev: &[Condition],
+    type_: &str,
+    status: bool,
+    reason: &str,
+    message: String,
+    generation: Option<i64>,
+) -> Condition {
+    let status = if status { "True" } else { "False" }.to_string();
+    let last = prev
+        .iter()
+        .find(|c| c.type_ == type_ && c.status == status)
+        .map(|c| c.last_transition_time.clone())
+        .unwrap_or_else(|| Time(k8s_openapi::jiff::Timestamp::now()));
+    Condition {
+        type_: type_.to_string(),
+        status,
+        reason: reason.to_string(),
+        message,
+        last_transition_time: last,
+        observed_generation: generation,
+    }
+}
+
+/// A shard Deployment whose newest pods are all available.
+pub fn shard_available(d: &Deployment) -> bool {
+    let (Some(spec), Some(st)) = (&d.spec, &d.status) else {
+        return false;
+    };
+    let desired = spec.replicas.unwrap_or(1);
+    st.observed_generation.unwrap_or(0) >= d.metadata.generation.unwrap_or(0)
+        && st.updated_replicas.unwrap_or(0) == desired
+        && st.available_replicas.unwrap_or(0) == desired
+        && st.replicas.unwrap_or(0) == desired
+}
+
+/// The reason a Deployment has failed, if Kubernetes says it has.
+fn deployment_failure(d: &Deployment) -> Option<String> {
+    d.status
+        .as_ref()?
+        .conditions
+        .as_ref()?
+        .iter()
+        .find_map(|c| {
+            (c.type_ == "Progressing" && c.status == "False").then(|| {
+                format!(
+                    "{}: {}",
+                    d.metadata.name.clone().unwrap_or_default(),
+                    c.message
+                        .clone()
+                        .unwrap_or_else(|| c.reason.clone().unwrap_or_default())
+                )
+            })
+        })
+}
+
+/// Status for a spec the controller cannot serve.
+pub fn invalid_spec(set: &ShardSet, message: &str) -> ShardSetStatus {
+    let prev = set.status.clone().unwrap_or_default();
+    let generation = set.metadata.generation;
+    ShardSetStatus {
+        observed_generation: generation,
+        conditions: vec![
+            condition(
+                &prev.conditions,
+                "Ready",
+                false,
+                "InvalidSpec",
+                message.to_string(),
+                generation,
+            ),
+            condition(
+                &prev.conditions,
+                "Degraded",
+                true,
+                "InvalidSpec",
+                message.to_string(),
+                generation,
+            ),
+            condition(
+                &prev.conditions,
+                "Progressing",
+                false,
+                "InvalidSpec",
+                message.to_string(),
+                generation,
+            ),
+        ],
+        ..prev
+    }
+}
+
+/// Status from the shard Deployments and what Redis said.
+pub fn compute(
+    set: &ShardSet,
+    deployments: &[&Deployment],
+    redis: Result<&RedisView, &String>,
+) -> ShardSetStatus {
+    let prev = set.status.clone().unwrap_or_default();
+    let generation = set.metadata.generation;
+    let desired = set.spec.shards;
+    let ready = deployments.iter().filter(|d| shard_available(d)).count() as i32;
+    let failures: Vec<String> = deployments
+        .iter()
+        .filter_map(|d| deployment_failure(d))
+        .collect();
+    let all_ready = ready == desired && deployments.len() as i32 == desired;
+
+    let (degraded, degraded_reason, degraded_message) = match (&redis, failures.first()) {
+        (Err(e), _) => (true, "RedisUnavailable", (*e).clone()),
+        (Ok(_), Some(f)) => (true, "DeploymentFailed", f.clone()),
+        (Ok(_), None) => (
+            false,
+            "AsExpected",
+            "shards and Redis are healthy".to_string(),
+        ),
+    };
+    let (ready_reason, ready_message) = if redis.is_err() {
+        (
+            "RedisUnavailable",
+            "the routing table cannot be written while Redis is unreachable".to_string(),
+        )
+    } else if all_ready {
+        (
+            "AllShardsAvailable",
+            format!("{ready} of {desired} shards available"),
+        )
+    } else {
+        (
+            "ShardsUnavailable",
+            format!("{ready} of {desired} shards available"),
+        )
+    };
+    let progressing = !all_ready && failures.is_empty();
+    let conditions = vec![
+        condition(
+            &prev.conditions,
+            "Ready",
+            all_ready && redis.is_ok(),
+            ready_reason,
+            ready_message,
+            generation,
+        ),
+        condition(
+            &prev.conditions,
+            "Progressing",
+            progressing,
+            if progressing {
+                "RollingOut"
+            } else {
+                "Complete"
+            },
+            if progressing {
+                format!(
+                    "{} of {desired} shard Deployments still rolling out",
+                    desired - ready
+                )
+            } else {
+                "no rollout under way".to_string()
+            },
+            generation,
+        ),
+        condition(
+            &prev.conditions,
+            "Degraded",
+            degraded,
+            degraded_reason,
+            degraded_message,
+            generation,
+        ),
+        condition(
+            &prev.conditions,
+            "LaneCapReached",
+            false,
+            "BelowCap",
+            format!("0 of {} lanes admitted", set.spec.promotion.max_lanes),
+            generation,
+        ),
+        condition(
+            &prev.conditions,
+            "Resharding",
+            false,
+            "Idle",
+            "no shard-count change under way".to_string(),
+            generation,
+        ),
+    ];
+
+    let (skew_ratio, top_tenants) = match redis {
+        Ok(view) => attribution(view),
+        // Keep the last figures while Redis is away.
+        Err(_) => (prev.skew_ratio, prev.top_tenants.clone()),
+    };
+    ShardSetStatus {
+        observed_generation: generation,
+        conditions,
+        shards_desired: desired,
+        shards_ready: ready,
+        ready_summary: Some(format!("{ready}/{desired}")),
+        lanes_used: 0,
+        lanes_max: set.spec.promotion.max_lanes,
+        lane_summary: Some(format!("0/{}", set.spec.promotion.max_lanes)),
+        skew_ratio,
+        top_tenants,
+        promotion_candidates: prev.promotion_candidates,
+        resharding: None,
+    }
+}
+
+/// Max over median of per-shard worker-seconds, and the tenants with the
+/// largest share of their queue's worker-seconds.
+pub fn attribution(view: &RedisView) -> (Option<f64>, Vec<TenantShare>) {
+    let mut per_shard: Vec<f64> = view
+        .queues
+        .iter()
+        .map(|(_, stats)| stats.iter().map(|t| t.worker_seconds).sum())
+        .collect();
+    per_shard.sort_by(f64::total_cmp);
+    let skew = if per_shard.is_empty() {
+        None
+    } else {
+        let n = per_shard.len();
+        let median = if n % 2 == 1 {
+            per_shard[n / 2]
+        } else {
+            (per_shard[n / 2 - 1] + per_shard[n / 2]) / 2.0
+        };
+        let max = per_shard[n - 1];
+        (median > 0.0).then(|| ((max / median) * 100.0).round() / 100.0)
+    };
+    let mut top: Vec<TenantShare> = view
+        .queues
+        .iter()
+        .flat_map(|(q, stats)| {
+            let total: f64 = stats.iter().map(|t| t.worker_seconds).sum();
+            stats
+                .iter()
+                .filter(|t| t.worker_seconds > 0.0 || t.depth > 0)
+                .map(move |t| TenantShare {
+                    tenant: t.tenant.clone(),
+                    queue: q.to_string(),
+                    share: if total > 0.0 {
+                        ((t.worker_seconds / total) * 1000.0).round() / 1000.0
+                    } else {
+                        0.0
+                    },
+                    depth: t.depth as i64,
+                })
+        })
+        .collect();
+    top.sort_by(|a, b| b.share.total_cmp(&a.share).then(b.depth.cmp(&a.depth)));
+    top.truncate(TOP_TENANTS);
+    (skew, top)
+}
+
+/// A condition change worth an Event.
+pub struct Transition {
+    pub type_: String,
+    pub warning: bool,
+    pub reason: String,
+    pub note: String,
+}
+
+/// Ready and Degraded conditions whose status changed.
+pub fn transitions(before: &ShardSetStatus, after: &ShardSetStatus) -> Vec<Transition> {
+    after
+        .conditions
+        .iter()
+        .filter(|c| c.type_ == "Ready" || c.type_ == "Degraded")
+        .filter(|c| {
+            let old = before.conditions.iter().find(|o| o.type_ == c.type_);
+            old.map(|o| o.status != c.status)
+                .unwrap_or(c.status == "True")
+        })
+        .map(|c| Transition {
+            type_: c.type_.clone(),
+            warning: (c.type_ == "Degraded") == (c.status == "True"),
+            reason: c.reason.clone(),
+            note: format!("{}={}: {}", c.type_, c.status, c.message),
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn stats(pairs: &[(&str, f64)]) -> Vec<TenantStats> {
+        pairs
+            .iter()
+            .map(|(t, s)| TenantStats {
+                tenant: t.to_string(),
+                worker_seconds: *s,
+                ..Default::default()
+            })
+            .collect()
+    }
+
+    #[test]
+    fn skew_and_top_tenants() {
+        let view = RedisView {
+            queues: vec![
+                (QueueId::Shard(0), stats(&[("whale", 90.0), ("a", 10.0)])),
+                (QueueId::Shard(1), stats(&[("b", 20.0)])),
+                (QueueId::Shard(2), stats(&[("c", 25.0)])),
+            ],
+        };
+        let (skew, top) = attribution(&view);
+        // per shard 100, 20, 25: median 25, max 100
+        assert_eq!(skew, Some(4.0));
+        assert_eq!(top[0].tenant, "b");
+        assert_eq!(top[0].share, 1.0);
+        let whale = top.iter().find(|t| t.tenant == "whale").unwrap();
+        assert_eq!((whale.queue.as_str(), whale.share), ("shard-00", 0.9));
+    }
+
+    #[test]
+    fn last_transition_time_moves_only_on_a_flip() {
+        let t0 = Time(k8s_openapi::jiff::Timestamp::from_second(1_000).unwrap());
+        let prev = vec![Condition {
+            type_: "Ready".into(),
+            status: "True".into(),
+            reason: "AllShardsAvailable".into(),
+            message: "4 of 4".into(),
+            last_transition_time: t0.clone(),
+            observed_generation: Some(1),
+        }];
+        let same = condition(
+            &prev,
+            "Ready",
+            true,
+            "AllShardsAvailable",
+            "4 of 4".into(),
+            Some(2),
+        );
+        assert_eq!(same.last_transition_time, t0);
+        let flipped = condition(
+            &prev,
+            "Ready",
+            false,
+            "ShardsUnavailable",
+            "3 of 4".into(),
+            Some(2),
+        );
+        assert_ne!(flipped.last_transition_time, t0);
+    }
+}
