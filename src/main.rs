@@ -67,6 +67,8 @@ enum Command {
         /// Address for /metrics, /healthz and /readyz.
         #[arg(long, env = "LANEKEEPER_METRICS_ADDR", default_value = "0.0.0.0:8080")]
         metrics_addr: std::net::SocketAddr,
+        #[command(flatten)]
+        election: Election,
     },
 
     /// Show which tenants own each queue's backlog and capacity.
@@ -134,6 +136,31 @@ struct WorkerArgs {
     worker_id: Option<String>,
 }
 
+/// Leader election: only the holder of a Lease reconciles, so two replicas
+/// never both write.
+#[derive(clap::Args, Debug)]
+struct Election {
+    /// Take part in leader election (turn off for a single local run).
+    #[arg(long, env = "LANEKEEPER_LEADER_ELECTION", default_value_t = true, action = clap::ArgAction::Set)]
+    leader_election: bool,
+    /// Namespace of the Lease (the controller's own namespace in a cluster).
+    #[arg(long, env = "POD_NAMESPACE", default_value = "default")]
+    lease_namespace: String,
+    /// Name of the Lease.
+    #[arg(
+        long,
+        env = "LANEKEEPER_LEASE_NAME",
+        default_value = "lanekeeper-controller"
+    )]
+    lease_name: String,
+    /// How long a leader holds the Lease without renewing it.
+    #[arg(long, env = "LANEKEEPER_LEASE_DURATION", default_value = "15s")]
+    lease_duration: kube::core::Duration,
+    /// This replica's identity in the Lease (defaults to the pod name, then host:pid).
+    #[arg(long, env = "POD_NAME")]
+    identity: Option<String>,
+}
+
 /// Where a ShardSet's queues live.
 #[derive(clap::Args, Debug)]
 struct RedisTarget {
@@ -181,7 +208,8 @@ fn main() -> ExitCode {
         Command::Controller {
             namespace,
             metrics_addr,
-        } => runtime().and_then(|rt| rt.block_on(controller(namespace, metrics_addr))),
+            election,
+        } => runtime().and_then(|rt| rt.block_on(controller(namespace, metrics_addr, election))),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -323,8 +351,10 @@ async fn worker(args: WorkerArgs) -> anyhow::Result<()> {
 async fn controller(
     namespace: Option<String>,
     metrics_addr: std::net::SocketAddr,
+    election: Election,
 ) -> anyhow::Result<()> {
     use anyhow::Context;
+    use std::sync::atomic::{AtomicBool, Ordering};
     let client = kube::Client::try_default()
         .await
         .context("no Kubernetes credentials: run in a pod, or set KUBECONFIG")?;
@@ -336,16 +366,75 @@ async fn controller(
     .await
     .with_context(|| format!("serving metrics on {metrics_addr}"))?;
     tracing::info!(%bound, "serving /metrics, /healthz and /readyz");
+
+    let mut signals = lanekeeper::worker::stop_on_signals();
+    // Leadership: wait to hold the Lease. Losing it stops the controller and
+    // the process exits non-zero, so that it restarts as a follower.
+    let mut leader: Option<tokio::sync::watch::Receiver<bool>> = None;
+    let mut lease_task = None;
+    if election.leader_election {
+        let identity = election.identity.clone().unwrap_or_else(|| {
+            let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
+            format!("{}:{}", host.trim(), std::process::id())
+        });
+        let duration: std::time::Duration = election.lease_duration.into();
+        let manager =
+            kube_lease_manager::LeaseManagerBuilder::new(client.clone(), &election.lease_name)
+                .with_namespace(&election.lease_namespace)
+                .with_identity(&identity)
+                .with_duration(duration.as_secs().max(2))
+                .with_grace((duration.as_secs() / 3).max(1))
+                .build()
+                .await
+                .with_context(|| {
+                    format!(
+                        "leader election Lease {}/{}",
+                        election.lease_namespace, election.lease_name
+                    )
+                })?;
+        let (mut rx, task) = manager.watch().await;
+        tracing::info!(%identity, lease = %election.lease_name, "waiting to become the leader");
+        let leading = tokio::select! {
+            r = rx.wait_for(|l| *l) => { r.context("leader election stopped")?; true }
+            _ = signals.wait_for(|s| *s) => false,
+        };
+        if !leading {
+            let _ = stop_tx.send(());
+            return Ok(());
+        }
+        tracing::info!(%identity, "leading");
+        leader = Some(rx);
+        lease_task = Some(task);
+    }
+
+    let lost = std::sync::Arc::new(AtomicBool::new(false));
+    let stop = {
+        let lost = lost.clone();
+        async move {
+            match leader {
+                Some(mut rx) => tokio::select! {
+                    _ = rx.wait_for(|l| !*l) => lost.store(true, Ordering::SeqCst),
+                    _ = signals.wait_for(|s| *s) => {}
+                },
+                None => {
+                    let _ = signals.wait_for(|s| *s).await;
+                }
+            }
+        }
+    };
     let ctx = std::sync::Arc::new(lanekeeper::controller::Context::new(
         client.clone(),
         metrics,
     ));
-    let result = lanekeeper::controller::run(
-        client,
-        lanekeeper::controller::ControllerOptions { namespace },
-        ctx,
-    )
-    .await;
+    let opts = lanekeeper::controller::ControllerOptions { namespace };
+    let result = lanekeeper::controller::run(client, opts, ctx, stop).await;
     let _ = stop_tx.send(());
+    // The lease task releases the Lease once its receivers are gone.
+    if let Some(task) = lease_task {
+        let _ = tokio::time::timeout(std::time::Duration::from_secs(5), task).await;
+    }
+    if lost.load(Ordering::SeqCst) {
+        anyhow::bail!("lost leadership; exiting so that a restart joins as a follower");
+    }
     result
 }

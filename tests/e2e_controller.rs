@@ -28,11 +28,17 @@ fn cluster() -> &'static ControlPlane {
     cp
 }
 
-/// Start `lanekeeper controller` watching `ns`.
+/// Start `lanekeeper controller` watching `ns`, electing a leader through a
+/// Lease of that namespace.
 fn controller(cp: &ControlPlane, ns: &str) -> u32 {
+    controller_with(cp, ns, &[])
+}
+
+fn controller_with(cp: &ControlPlane, ns: &str, extra: &[&str]) -> u32 {
     let dir = support::process::scratch_dir("controller");
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_lanekeeper"));
-    cmd.args(["controller", "--namespace", ns])
+    cmd.args(["controller", "--namespace", ns, "--lease-namespace", ns])
+        .args(extra)
         .args([
             "--metrics-addr",
             &format!("127.0.0.1:{}", support::process::free_port()),
@@ -380,4 +386,93 @@ fn a_killed_controller_converges_without_duplicates() {
     ]);
     assert_eq!(deployments(cp, &ns, "big").len(), 16);
     support::process::signal(pid, libc::SIGKILL);
+}
+
+#[test]
+fn only_the_leader_reconciles_and_a_follower_takes_over() {
+    let cp = cluster();
+    let ns = cp.namespace("leader");
+    let redis = support::redis::shared();
+    let first = controller_with(cp, &ns, &["--lease-duration", "4s", "--identity", "first"]);
+    wait_until("the first replica to lead", Duration::from_secs(30), || {
+        cp.kubectl()
+            .args([
+                "get",
+                "lease",
+                "lanekeeper-controller",
+                "-n",
+                &ns,
+                "-o",
+                "jsonpath={.spec.holderIdentity}",
+            ])
+            .output()
+            .is_ok_and(|o| o.stdout == b"first")
+    });
+    let second = controller_with(cp, &ns, &["--lease-duration", "4s", "--identity", "second"]);
+    cp.kubectl_stdin(
+        &["apply", "-n", &ns, "-f", "-"],
+        &shardset("led", 1, &redis.url, "lanekeeper:v1", ""),
+    );
+    cp.kubectl_ok(&[
+        "wait",
+        "-n",
+        &ns,
+        "--for=condition=Ready",
+        "--timeout=120s",
+        "shardset/led",
+    ]);
+    let holder = cp.kubectl_ok(&[
+        "get",
+        "lease",
+        "lanekeeper-controller",
+        "-n",
+        &ns,
+        "-o",
+        "jsonpath={.spec.holderIdentity}",
+    ]);
+    assert_eq!(
+        holder, "first",
+        "the follower must not take the Lease while the leader renews it"
+    );
+
+    // The leader dies without releasing; the follower takes over and reconciles.
+    support::process::signal(first, libc::SIGKILL);
+    wait_until(
+        "the second replica to lead",
+        Duration::from_secs(60),
+        || {
+            cp.kubectl()
+                .args([
+                    "get",
+                    "lease",
+                    "lanekeeper-controller",
+                    "-n",
+                    &ns,
+                    "-o",
+                    "jsonpath={.spec.holderIdentity}",
+                ])
+                .output()
+                .is_ok_and(|o| o.stdout == b"second")
+        },
+    );
+    cp.kubectl_ok(&[
+        "patch",
+        "shardset",
+        "led",
+        "-n",
+        &ns,
+        "--type=merge",
+        "-p",
+        r#"{"spec":{"shards":2}}"#,
+    ]);
+    wait_until(
+        "the new leader to reconcile",
+        Duration::from_secs(60),
+        || deployments(cp, &ns, "led").len() == 2,
+    );
+    support::process::signal(second, libc::SIGTERM);
+    assert_eq!(
+        support::process::wait_exit(second, Duration::from_secs(20)),
+        Some(Some(0))
+    );
 }

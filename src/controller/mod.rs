@@ -68,8 +68,14 @@ pub struct ControllerOptions {
     pub namespace: Option<String>,
 }
 
-/// Check the CRDs are installed, then run the ShardSet controller until SIGTERM.
-pub async fn run(client: Client, opts: ControllerOptions, ctx: Arc<Context>) -> anyhow::Result<()> {
+/// Check the CRDs are installed, then run the ShardSet controller until
+/// `stop` resolves (SIGTERM, or lost leadership).
+pub async fn run(
+    client: Client,
+    opts: ControllerOptions,
+    ctx: Arc<Context>,
+    stop: impl std::future::Future<Output = ()> + Send + Sync + 'static,
+) -> anyhow::Result<()> {
     let sets: Api<ShardSet> = match &opts.namespace {
         Some(ns) => Api::namespaced(client.clone(), ns),
         None => Api::all(client.clone()),
@@ -89,7 +95,7 @@ pub async fn run(client: Client, opts: ControllerOptions, ctx: Arc<Context>) -> 
             deployments,
             watcher::Config::default().labels("app.kubernetes.io/managed-by=lanekeeper-controller"),
         )
-        .shutdown_on_signal()
+        .graceful_shutdown_on(stop)
         .run(reconcile, error_policy, ctx)
         .for_each(|res| async move {
             if let Err(e) = res {
@@ -198,7 +204,8 @@ async fn reconcile_inner(set: &ShardSet, ctx: &Context) -> Result<Action, Error>
         .any(|c| c.type_ == "Ready" && c.status == "True");
     write_status(&sets, set, ctx, st).await?;
     Ok(if ready {
-        Action::requeue(Duration::from_secs(60))
+        // Also the period at which a Redis outage and attribution are noticed.
+        Action::requeue(Duration::from_secs(15))
     } else {
         Action::requeue(Duration::from_secs(10))
     })

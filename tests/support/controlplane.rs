@@ -239,7 +239,9 @@ impl ControlPlane {
         .arg(format!("--root-ca-file={}", pki.ca_cert.display()))
         .arg("--controllers=*")
         .arg("--concurrent-deployment-syncs=10")
-        .arg("--concurrent-replicaset-syncs=10");
+        .arg("--concurrent-replicaset-syncs=10")
+        // A fake node's heartbeat may lag on a loaded 2-core machine; never evict for it.
+        .arg("--node-monitor-grace-period=10m");
         let kcm_pid = process::spawn_server(kcm, &kcm_log);
 
         let sched_log = self.dir.join("kube-scheduler.log");
@@ -253,6 +255,8 @@ impl ControlPlane {
             .arg("--manage-nodes-with-annotation-selector=kwok.x-k8s.io/node=fake")
             .arg("--cidr=10.244.0.0/16")
             .arg("--node-ip=10.0.0.1")
+            // Heartbeats through the node Lease, so the fake node never goes NotReady.
+            .arg("--node-lease-duration-seconds=40")
             .arg(format!(
                 "--server-address=127.0.0.1:{}",
                 process::free_port()
