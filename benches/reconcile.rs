@@ -26,13 +26,21 @@ fn main() {
     let redis = support::redis::shared();
     let crds = Path::new(env!("CARGO_MANIFEST_DIR")).join("crds");
     cp.kubectl_ok(&["apply", "-f", &crds.display().to_string()]);
-    cp.kubectl_ok(&["wait", "--for=condition=Established", "--timeout=60s", "crd/shardsets.lanekeeper.io"]);
+    cp.kubectl_ok(&[
+        "wait",
+        "--for=condition=Established",
+        "--timeout=60s",
+        "crd/shardsets.lanekeeper.io",
+    ]);
     let ns = cp.namespace("bench");
 
     let dir = support::process::scratch_dir("controller");
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_lanekeeper"));
     cmd.args(["controller", "--namespace", &ns, "--lease-namespace", &ns])
-        .args(["--metrics-addr", &format!("127.0.0.1:{}", support::process::free_port())])
+        .args([
+            "--metrics-addr",
+            &format!("127.0.0.1:{}", support::process::free_port()),
+        ])
         .env("KUBECONFIG", &cp.kubeconfig)
         .env("RUST_LOG", "warn");
     let pid = support::process::spawn_server(cmd, &dir.join("controller.log"));
@@ -46,27 +54,54 @@ fn main() {
     let started = Instant::now();
     cp.kubectl_stdin(&["apply", "-n", &ns, "-f", "-"], &manifest);
     let count = || {
-        cp.kubectl_ok(&["get", "deployments", "-n", &ns, "-l", "app.kubernetes.io/instance=big", "-o", "name"])
-            .lines()
-            .count()
+        cp.kubectl_ok(&[
+            "get",
+            "deployments",
+            "-n",
+            &ns,
+            "-l",
+            "app.kubernetes.io/instance=big",
+            "-o",
+            "name",
+        ])
+        .lines()
+        .count()
     };
     while count() < 64 {
-        assert!(started.elapsed() < Duration::from_secs(300), "64 Deployments not created");
+        assert!(
+            started.elapsed() < Duration::from_secs(300),
+            "64 Deployments not created"
+        );
         std::thread::sleep(Duration::from_millis(50));
     }
     let created = started.elapsed().as_secs_f64();
     loop {
-        let ready = cp.kubectl_ok(&["get", "shardset", "big", "-n", &ns, "-o", "jsonpath={.status.shardsReady}"]);
+        let ready = cp.kubectl_ok(&[
+            "get",
+            "shardset",
+            "big",
+            "-n",
+            &ns,
+            "-o",
+            "jsonpath={.status.shardsReady}",
+        ]);
         if ready == "64" {
             break;
         }
-        assert!(started.elapsed() < Duration::from_secs(600), "status never showed 64 ready shards");
+        assert!(
+            started.elapsed() < Duration::from_secs(600),
+            "status never showed 64 ready shards"
+        );
         std::thread::sleep(Duration::from_millis(100));
     }
     let status = started.elapsed().as_secs_f64();
     let peak_kib = rss_kib(pid, "VmHWM:");
     println!("64-shard ShardSet: Deployments created in {created:.2} s; status shows 64/64 ready after {status:.2} s (pods scheduled onto the kwok node and made Ready)");
-    println!("controller RSS: idle {:.1} MiB, peak {:.1} MiB", idle_kib as f64 / 1024.0, peak_kib as f64 / 1024.0);
+    println!(
+        "controller RSS: idle {:.1} MiB, peak {:.1} MiB",
+        idle_kib as f64 / 1024.0,
+        peak_kib as f64 / 1024.0
+    );
     println!(
         "RESULT create_64_s={created:.2} status_64_s={status:.2} rss_peak_mib={:.1}",
         peak_kib as f64 / 1024.0

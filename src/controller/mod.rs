@@ -6,6 +6,8 @@
 //! then status (server-side apply with a stable field manager).
 
 pub mod build;
+#[cfg(test)]
+mod mock_tests;
 pub mod status;
 
 use std::collections::HashMap;

@@ -1,0 +1,187 @@
+//! Error paths the real API server does not produce on demand, against a
+//! `tower-test` mock that asserts each request the reconciler makes.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use http::{Method, Request, Response, StatusCode};
+use kube::client::Body;
+use kube::runtime::controller::Action;
+use kube::Client;
+use tower_test::mock::{self, Handle};
+
+use super::*;
+
+fn set(shards: i32) -> ShardSet {
+    let mut s: ShardSet = serde_yaml::from_str(&format!(
+        r#"
+apiVersion: lanekeeper.io/v1alpha1
+kind: ShardSet
+metadata: {{name: hooks, namespace: prod, uid: uid-1, generation: 3}}
+spec:
+  shards: {shards}
+  redis: {{url: "redis://127.0.0.1:1/"}}
+  worker: {{image: "lanekeeper:1"}}
+"#
+    ))
+    .unwrap();
+    s.metadata.resource_version = Some("1".into());
+    s
+}
+
+fn api_error(code: StatusCode, reason: &str) -> Response<Body> {
+    let status = serde_json::json!({
+        "kind": "Status", "apiVersion": "v1", "status": "Failure",
+        "message": format!("mock says {reason}"), "reason": reason, "code": code.as_u16(),
+    });
+    Response::builder()
+        .status(code)
+        .header("content-type", "application/json")
+        .body(Body::from(serde_json::to_vec(&status).unwrap()))
+        .unwrap()
+}
+
+fn ctx() -> (Arc<Context>, Handle<Request<Body>, Response<Body>>) {
+    let (svc, handle) = mock::pair::<Request<Body>, Response<Body>>();
+    let client = Client::new(svc, "default");
+    (Arc::new(Context::new(client, Default::default())), handle)
+}
+
+/// Answer the next request, checking its method and path.
+async fn expect(
+    handle: &mut Handle<Request<Body>, Response<Body>>,
+    method: Method,
+    path_end: &str,
+    response: Response<Body>,
+) {
+    let (req, send) = handle
+        .next_request()
+        .await
+        .expect("the reconciler should make another request");
+    assert_eq!(req.method(), method, "{}", req.uri());
+    assert!(
+        req.uri().path().ends_with(path_end),
+        "expected …{path_end}, got {}",
+        req.uri()
+    );
+    send.send_response(response);
+}
+
+#[tokio::test]
+async fn conflict_on_apply_is_retried_with_growing_backoff() {
+    let (ctx, mut handle) = ctx();
+    let set = Arc::new(set(2));
+    for attempt in 1..=3u32 {
+        let server = {
+            let mut handle_ref = std::mem::replace(&mut handle, mock::pair().1);
+            tokio::spawn(async move {
+                expect(
+                    &mut handle_ref,
+                    Method::PATCH,
+                    "/namespaces/prod/deployments/hooks-shard-00",
+                    api_error(StatusCode::CONFLICT, "Conflict"),
+                )
+                .await;
+                handle_ref
+            })
+        };
+        let err = reconcile(set.clone(), ctx.clone()).await.unwrap_err();
+        handle = server.await.unwrap();
+        assert!(matches!(err, Error::Kube(_)), "{err}");
+        let action = error_policy(set.clone(), &err, ctx.clone());
+        assert_eq!(
+            action,
+            Action::requeue(Duration::from_secs(2u64.pow(attempt)))
+        );
+    }
+}
+
+#[tokio::test]
+async fn server_errors_are_transient_not_fatal() {
+    let (ctx, mut handle) = ctx();
+    let set = Arc::new(set(1));
+    let server = tokio::spawn(async move {
+        expect(
+            &mut handle,
+            Method::PATCH,
+            "/deployments/hooks-shard-00",
+            api_error(StatusCode::INTERNAL_SERVER_ERROR, "InternalError"),
+        )
+        .await;
+    });
+    let err = reconcile(set.clone(), ctx.clone()).await.unwrap_err();
+    server.await.unwrap();
+    assert!(err.to_string().contains("mock says InternalError"), "{err}");
+    assert_eq!(
+        error_policy(set, &err, ctx.clone()),
+        Action::requeue(Duration::from_secs(2))
+    );
+    let text = crate::telemetry::Encode::encode(&ctx.metrics);
+    assert!(
+        text.contains(r#"lanekeeper_reconcile_errors_total{kind="kube"} 1"#),
+        "{text}"
+    );
+}
+
+#[tokio::test]
+async fn an_unservable_spec_is_degraded_and_waits_for_a_change() {
+    let (ctx, mut handle) = ctx();
+    // Out of range: the CRD's CEL rule forbids it, but an old object or a
+    // disabled webhook can still hand one to the controller.
+    let set = Arc::new(set(0));
+    let server = tokio::spawn(async move {
+        // First the Event for Degraded=True, then the status.
+        let (req, send) = handle.next_request().await.unwrap();
+        assert_eq!(req.method(), Method::POST);
+        assert!(
+            req.uri().path().ends_with("/namespaces/prod/events"),
+            "{}",
+            req.uri()
+        );
+        let event = http_body_util::BodyExt::collect(req.into_body())
+            .await
+            .unwrap()
+            .to_bytes();
+        assert!(String::from_utf8_lossy(&event).contains("InvalidSpec"));
+        send.send_response(
+            Response::builder()
+                .status(201)
+                .body(Body::from(event.to_vec()))
+                .unwrap(),
+        );
+        let (req, send) = handle.next_request().await.unwrap();
+        assert_eq!(req.method(), Method::PATCH);
+        assert!(
+            req.uri().path().ends_with("/shardsets/hooks/status"),
+            "{}",
+            req.uri()
+        );
+        let body = http_body_util::BodyExt::collect(req.into_body())
+            .await
+            .unwrap()
+            .to_bytes();
+        let patch: serde_json::Value = serde_json::from_slice(&body).unwrap();
+        let degraded = patch["status"]["conditions"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|c| c["type"] == "Degraded")
+            .unwrap()
+            .clone();
+        assert_eq!(degraded["status"], "True");
+        assert_eq!(degraded["reason"], "InvalidSpec");
+        assert_eq!(patch["status"]["observedGeneration"], 3);
+        let mut stored = serde_json::to_value(self::set(0)).unwrap();
+        stored["status"] = patch["status"].clone();
+        send.send_response(
+            Response::builder()
+                .status(200)
+                .body(Body::from(serde_json::to_vec(&stored).unwrap()))
+                .unwrap(),
+        );
+    });
+    let err = reconcile(set.clone(), ctx.clone()).await.unwrap_err();
+    server.await.unwrap();
+    assert!(matches!(err, Error::Build(BuildError::Shards(0))), "{err}");
+    assert_eq!(error_policy(set, &err, ctx), Action::await_change());
+}
