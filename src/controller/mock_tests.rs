@@ -185,3 +185,23 @@ async fn an_unservable_spec_is_degraded_and_waits_for_a_change() {
     assert!(matches!(err, Error::Build(BuildError::Shards(0))), "{err}");
     assert_eq!(error_policy(set, &err, ctx), Action::await_change());
 }
+
+#[tokio::test]
+async fn an_undecodable_object_is_reported_and_does_not_stall_the_watch() {
+    let (ctx, _handle) = ctx();
+    // What an older or newer schema might leave in etcd: no spec.worker.
+    let raw = r#"{"apiVersion":"lanekeeper.io/v1alpha1","kind":"ShardSet",
+        "metadata":{"name":"odd","namespace":"prod"},"spec":{"shards":2,"redis":{"url":"redis://r:6379"}}}"#;
+    let obj: DeserializeGuard<ShardSet> = serde_json::from_str(raw).unwrap();
+    assert!(obj.0.is_err());
+    let obj = Arc::new(obj);
+    let err = reconcile_guarded(obj.clone(), ctx.clone())
+        .await
+        .unwrap_err();
+    assert!(
+        err.to_string().contains("cannot decode ShardSet prod/odd"),
+        "{err}"
+    );
+    assert!(err.to_string().contains("worker"), "{err}");
+    assert_eq!(error_policy_guarded(obj, &err, ctx), Action::await_change());
+}

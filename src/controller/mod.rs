@@ -18,6 +18,7 @@ use futures::StreamExt;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::Secret;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams};
+use kube::core::DeserializeGuard;
 use kube::runtime::controller::{Action, Controller};
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use kube::runtime::reflector::ObjectRef;
@@ -38,6 +39,8 @@ pub enum Error {
     Kube(#[from] kube::Error),
     #[error("invalid spec: {0}")]
     Build(#[from] BuildError),
+    #[error("cannot decode ShardSet {name}: {error}; fix or delete the object")]
+    Undecodable { name: String, error: String },
 }
 
 /// Shared state of the reconcilers.
@@ -78,7 +81,8 @@ pub async fn run(
     ctx: Arc<Context>,
     stop: impl std::future::Future<Output = ()> + Send + Sync + 'static,
 ) -> anyhow::Result<()> {
-    let sets: Api<ShardSet> = match &opts.namespace {
+    // Guarded: one object the code cannot decode must not stall the watch.
+    let sets: Api<DeserializeGuard<ShardSet>> = match &opts.namespace {
         Some(ns) => Api::namespaced(client.clone(), ns),
         None => Api::all(client.clone()),
     };
@@ -98,7 +102,7 @@ pub async fn run(
             watcher::Config::default().labels("app.kubernetes.io/managed-by=lanekeeper-controller"),
         )
         .graceful_shutdown_on(stop)
-        .run(reconcile, error_policy, ctx)
+        .run(reconcile_guarded, error_policy_guarded, ctx)
         .for_each(|res| async move {
             if let Err(e) = res {
                 warn!(error = %e, "reconcile failed");
@@ -109,14 +113,48 @@ pub async fn run(
     Ok(())
 }
 
+async fn reconcile_guarded(
+    obj: Arc<DeserializeGuard<ShardSet>>,
+    ctx: Arc<Context>,
+) -> Result<Action, Error> {
+    match &obj.0 {
+        Ok(set) => reconcile(Arc::new(set.clone()), ctx).await,
+        Err(invalid) => Err(Error::Undecodable {
+            name: format!(
+                "{}/{}",
+                invalid.metadata.namespace.clone().unwrap_or_default(),
+                invalid.metadata.name.clone().unwrap_or_default()
+            ),
+            error: invalid.error.clone(),
+        }),
+    }
+}
+
+fn error_policy_guarded(
+    obj: Arc<DeserializeGuard<ShardSet>>,
+    err: &Error,
+    ctx: Arc<Context>,
+) -> Action {
+    match &obj.0 {
+        Ok(set) => error_policy(Arc::new(set.clone()), err, ctx),
+        Err(_) => {
+            ctx.metrics
+                .reconcile_errors
+                .get_or_create(&error_kind(err))
+                .inc();
+            Action::await_change()
+        }
+    }
+}
+
 fn error_policy(set: Arc<ShardSet>, err: &Error, ctx: Arc<Context>) -> Action {
     ctx.metrics
         .reconcile_errors
         .get_or_create(&error_kind(err))
         .inc();
     match err {
-        // Waits for a change of the spec.
-        Error::Build(_) => Action::await_change(),
+        // Waits for a change of the spec (or of an undecodable object).
+        Error::Build(_) | Error::Undecodable { .. } => Action::await_change(),
         Error::Kube(_) => {
             let mut failures = ctx.failures.lock().unwrap_or_else(|e| e.into_inner());
             let n = failures.entry(ObjectRef::from_obj(&*set)).or_default();
@@ -131,6 +169,7 @@ fn error_kind(err: &Error) -> crate::telemetry::ErrorLabels {
         kind: match err {
             Error::Kube(_) => "kube",
             Error::Build(_) => "invalid_spec",
+            Error::Undecodable { .. } => "undecodable",
         }
         .to_string(),
     }
