@@ -152,6 +152,13 @@ pub struct SetLabels {
     pub shard_set: String,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct QueueDepthLabels {
+    pub namespace: String,
+    pub shard_set: String,
+    pub queue: String,
+}
+
 /// The controller's metrics.
 #[derive(Clone)]
 pub struct ControllerMetrics {
@@ -161,6 +168,7 @@ pub struct ControllerMetrics {
     pub reconcile_duration: Histogram,
     pub shards: Family<SetLabels, Gauge>,
     pub lanes_used: Family<SetLabels, Gauge>,
+    pub queue_depth: Family<QueueDepthLabels, Gauge>,
 }
 
 impl Default for ControllerMetrics {
@@ -171,6 +179,12 @@ impl Default for ControllerMetrics {
         let reconcile_duration = Histogram::new(exponential_buckets(0.001, 2.0, 16));
         let shards = Family::<SetLabels, Gauge>::default();
         let lanes_used = Family::<SetLabels, Gauge>::default();
+        let queue_depth = Family::<QueueDepthLabels, Gauge>::default();
+        registry.register(
+            "lanekeeper_queue_depth",
+            "Envelopes outstanding per queue (queued, held, delayed or in flight), as of the last reconcile",
+            queue_depth.clone(),
+        );
         registry.register(
             "lanekeeper_reconciles",
             "ShardSet reconciles run",
@@ -199,6 +213,7 @@ impl Default for ControllerMetrics {
             reconcile_duration,
             shards,
             lanes_used,
+            queue_depth,
         }
     }
 }

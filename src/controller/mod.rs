@@ -26,7 +26,7 @@ use kube::runtime::watcher;
 use kube::{Client, Resource, ResourceExt};
 use tracing::{info, warn};
 
-use crate::crd::{RedisSpec, ShardSet, ShardSetStatus};
+use crate::crd::{DedicatedLane, RedisSpec, ShardSet, ShardSetStatus};
 use crate::routing::QueueId;
 use crate::scheduler::QueuePolicy;
 use crate::store::{ConnectOptions, SetId, Store};
@@ -90,6 +90,10 @@ pub async fn run(
         Some(ns) => Api::namespaced(client.clone(), ns),
         None => Api::all(client.clone()),
     };
+    let lanes: Api<DeserializeGuard<DedicatedLane>> = match &opts.namespace {
+        Some(ns) => Api::namespaced(client.clone(), ns),
+        None => Api::all(client.clone()),
+    };
     if let Err(e) = sets.list(&ListParams::default().limit(1)).await {
         anyhow::bail!(
             "cannot list ShardSets ({e}); are the CRDs installed? Run `kubectl apply -f crds/` (or `lanekeeper crds | kubectl apply -f -`)"
@@ -101,6 +105,15 @@ pub async fn run(
             deployments,
             watcher::Config::default().labels("app.kubernetes.io/managed-by=lanekeeper-controller"),
         )
+        // A lane's change is its ShardSet's change (lanes count toward the cap).
+        .watches(lanes, watcher::Config::default(), |lane| {
+            let (set, ns) = match &lane.0 {
+                Ok(l) => (Some(l.spec.shard_set.clone()), l.metadata.namespace.clone()),
+                Err(_) => (None, None),
+            };
+            set.zip(ns)
+                .map(|(set, ns)| ObjectRef::<DeserializeGuard<ShardSet>>::new(&set).within(&ns))
+        })
         .graceful_shutdown_on(stop)
         .run(reconcile_guarded, error_policy_guarded, ctx)
         .for_each(|res| async move {
@@ -270,6 +283,15 @@ async fn sync_redis(set: &ShardSet, ctx: &Context) -> Result<status::RedisView, 
             .tenant_stats(q, window)
             .await
             .map_err(|e| e.to_string())?;
+        let depth: u64 = stats.iter().map(|t| t.depth).sum();
+        ctx.metrics
+            .queue_depth
+            .get_or_create(&crate::telemetry::QueueDepthLabels {
+                namespace: set.namespace().unwrap_or_default(),
+                shard_set: set.name_any(),
+                queue: q.to_string(),
+            })
+            .set(depth as i64);
         view.queues.push((q, stats));
     }
     ctx.metrics
