@@ -7,8 +7,6 @@
 #[path = "../tests/support/mod.rs"]
 mod support;
 
-use std::path::Path;
-use std::process::Command;
 use std::time::{Duration, Instant};
 
 fn rss_kib(pid: u32, field: &str) -> u64 {
@@ -24,26 +22,9 @@ fn rss_kib(pid: u32, field: &str) -> u64 {
 fn main() {
     let cp = support::controlplane::full();
     let redis = support::redis::shared();
-    let crds = Path::new(env!("CARGO_MANIFEST_DIR")).join("crds");
-    cp.kubectl_ok(&["apply", "-f", &crds.display().to_string()]);
-    cp.kubectl_ok(&[
-        "wait",
-        "--for=condition=Established",
-        "--timeout=60s",
-        "crd/shardsets.lanekeeper.io",
-    ]);
+    cp.install_crds();
     let ns = cp.namespace("bench");
-
-    let dir = support::process::scratch_dir("controller");
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_lanekeeper"));
-    cmd.args(["controller", "--namespace", &ns, "--lease-namespace", &ns])
-        .args([
-            "--metrics-addr",
-            &format!("127.0.0.1:{}", support::process::free_port()),
-        ])
-        .env("KUBECONFIG", &cp.kubeconfig)
-        .env("RUST_LOG", "warn");
-    let pid = support::process::spawn_server(cmd, &dir.join("controller.log"));
+    let pid = cp.spawn_controller(&ns, &[]);
     std::thread::sleep(Duration::from_secs(3));
     let idle_kib = rss_kib(pid, "VmRSS:");
 

@@ -4,8 +4,6 @@
 
 mod support;
 
-use std::path::Path;
-use std::process::Command;
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
@@ -15,37 +13,13 @@ fn cluster() -> &'static ControlPlane {
     static READY: OnceLock<()> = OnceLock::new();
     let cp = controlplane::full();
     READY.get_or_init(|| {
-        let crds = Path::new(env!("CARGO_MANIFEST_DIR")).join("crds");
-        cp.kubectl_ok(&["apply", "-f", &crds.display().to_string()]);
-        cp.kubectl_ok(&[
-            "wait",
-            "--for=condition=Established",
-            "--timeout=60s",
-            "crd/shardsets.lanekeeper.io",
-            "crd/dedicatedlanes.lanekeeper.io",
-        ]);
+        cp.install_crds();
     });
     cp
 }
 
-/// Start `lanekeeper controller` watching `ns`, electing a leader through a
-/// Lease of that namespace.
 fn controller(cp: &ControlPlane, ns: &str) -> u32 {
-    controller_with(cp, ns, &[])
-}
-
-fn controller_with(cp: &ControlPlane, ns: &str, extra: &[&str]) -> u32 {
-    let dir = support::process::scratch_dir("controller");
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_lanekeeper"));
-    cmd.args(["controller", "--namespace", ns, "--lease-namespace", ns])
-        .args(extra)
-        .args([
-            "--metrics-addr",
-            &format!("127.0.0.1:{}", support::process::free_port()),
-        ])
-        .env("KUBECONFIG", &cp.kubeconfig)
-        .env("RUST_LOG", "info");
-    support::process::spawn_server(cmd, &dir.join("controller.log"))
+    cp.spawn_controller(ns, &[])
 }
 
 fn shardset(name: &str, shards: u32, redis_url: &str, image: &str, extra_worker: &str) -> String {
@@ -393,7 +367,7 @@ fn only_the_leader_reconciles_and_a_follower_takes_over() {
     let cp = cluster();
     let ns = cp.namespace("leader");
     let redis = support::redis::shared();
-    let first = controller_with(cp, &ns, &["--lease-duration", "4s", "--identity", "first"]);
+    let first = cp.spawn_controller(&ns, &["--lease-duration", "4s", "--identity", "first"]);
     wait_until("the first replica to lead", Duration::from_secs(30), || {
         cp.kubectl()
             .args([
@@ -408,7 +382,7 @@ fn only_the_leader_reconciles_and_a_follower_takes_over() {
             .output()
             .is_ok_and(|o| o.stdout == b"first")
     });
-    let second = controller_with(cp, &ns, &["--lease-duration", "4s", "--identity", "second"]);
+    let second = cp.spawn_controller(&ns, &["--lease-duration", "4s", "--identity", "second"]);
     cp.kubectl_stdin(
         &["apply", "-n", &ns, "-f", "-"],
         &shardset("led", 1, &redis.url, "lanekeeper:v1", ""),

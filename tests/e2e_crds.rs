@@ -20,16 +20,9 @@ fn cluster() -> &'static ControlPlane {
     static READY: OnceLock<()> = OnceLock::new();
     let cp = controlplane::api_server();
     READY.get_or_init(|| {
-        let out = cp.kubectl_ok(&["apply", "-f", &repo("crds/")]);
+        let out = cp.install_crds();
         assert!(out.contains("shardsets.lanekeeper.io"), "{out}");
         assert!(out.contains("dedicatedlanes.lanekeeper.io"), "{out}");
-        cp.kubectl_ok(&[
-            "wait",
-            "--for=condition=Established",
-            "--timeout=60s",
-            "crd/shardsets.lanekeeper.io",
-            "crd/dedicatedlanes.lanekeeper.io",
-        ]);
     });
     cp
 }

@@ -316,6 +316,37 @@ impl ControlPlane {
         );
     }
 
+    /// Apply the repository's `crds/` and wait until both are Established.
+    /// Returns kubectl's output.
+    pub fn install_crds(&self) -> String {
+        let crds = Path::new(env!("CARGO_MANIFEST_DIR")).join("crds");
+        let out = self.kubectl_ok(&["apply", "-f", &crds.display().to_string()]);
+        self.kubectl_ok(&[
+            "wait",
+            "--for=condition=Established",
+            "--timeout=60s",
+            "crd/shardsets.lanekeeper.io",
+            "crd/dedicatedlanes.lanekeeper.io",
+        ]);
+        out
+    }
+
+    /// Start `lanekeeper controller` watching `ns`, electing its leader
+    /// through a Lease of that namespace; `extra` flags are appended.
+    pub fn spawn_controller(&self, ns: &str, extra: &[&str]) -> u32 {
+        let dir = process::scratch_dir("controller");
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_lanekeeper"));
+        cmd.args(["controller", "--namespace", ns, "--lease-namespace", ns])
+            .args(extra)
+            .args([
+                "--metrics-addr",
+                &format!("127.0.0.1:{}", process::free_port()),
+            ])
+            .env("KUBECONFIG", &self.kubeconfig)
+            .env("RUST_LOG", "info");
+        process::spawn_server(cmd, &dir.join("controller.log"))
+    }
+
     /// `kubectl` bound to this control plane's admin kubeconfig.
     pub fn kubectl(&self) -> Command {
         let mut cmd = Command::new("kubectl");
