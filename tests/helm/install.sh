@@ -1,0 +1,53 @@
+#!/usr/bin/env bash
+# Installs the Helm CLI that tests/packaging.rs lints, renders and installs
+# the chart with: helm.sh/helm/v3 compiled from its Go module through the Go
+# module proxy (no prebuilt binary is downloaded), at the version pinned
+# below.
+#
+# The binary lands in a cache outside the repository, so a second run costs
+# nothing:
+#   ${LANEKEEPER_CACHE:-$HOME/.cache/lanekeeper}/helm-<version>/bin/helm
+# The script prints that bin directory on its last line of stdout.
+# `LANEKEEPER_HELM=/path/to/helm` makes the tests use another helm instead.
+set -euo pipefail
+
+version="v3.22.0"
+cache_root="${LANEKEEPER_CACHE:-$HOME/.cache/lanekeeper}"
+dest="$cache_root/helm-$version"
+bin="$dest/bin"
+
+command -v go >/dev/null 2>&1 || {
+  echo "install.sh: the Go toolchain is missing; install Go >= 1.24 (https://go.dev/doc/install or 'apt-get install golang')" >&2
+  exit 1
+}
+
+if [ -x "$bin/helm" ]; then
+  echo "helm $version cached in $bin" >&2
+  echo "$bin"
+  exit 0
+fi
+
+mkdir -p "$dest"
+# One builder at a time: concurrent test binaries or CI steps may all ask.
+exec 9>"$dest/.lock"
+flock 9
+if [ -x "$bin/helm" ]; then
+  echo "$bin"
+  exit 0
+fi
+
+tmp="$dest/bin.partial"
+rm -rf "$tmp"
+mkdir -p "$tmp"
+start=$(date +%s)
+echo "building helm $version from helm.sh/helm/v3/cmd/helm ..." >&2
+# `go install pkg@version` builds the module exactly as its own go.mod and
+# go.sum pin it; -X stamps the version `helm version` prints.
+CGO_ENABLED=0 GOBIN="$tmp" GOFLAGS="-mod=mod -trimpath" \
+  go install -ldflags="-s -w -X helm.sh/helm/v3/internal/version.version=$version" \
+  "helm.sh/helm/v3/cmd/helm@$version"
+"$tmp/helm" version --short >&2
+rm -rf "$bin"
+mv "$tmp" "$bin"
+echo "helm built in $(( $(date +%s) - start ))s into $bin" >&2
+echo "$bin"
