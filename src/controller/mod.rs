@@ -257,6 +257,7 @@ async fn reconcile_inner(set: &ShardSet, ctx: &Context) -> Result<Action, Error>
         .iter()
         .any(|c| c.type_ == "Ready" && c.status == "True");
     write_status(&sets, set, ctx, st).await?;
+    record_lanes(set, ctx).await;
     Ok(if ready {
         // Also the period at which a Redis outage and attribution are noticed.
         Action::requeue(Duration::from_secs(15))
@@ -402,8 +403,41 @@ async fn write_status(
     )
     .await?;
     ctx.metrics
-        .lanes_used
-        .get_or_create(&set_labels(set))
-        .set(st.lanes_used as i64);
+        .record_status(&set.namespace().unwrap_or_default(), &set.name_any(), &st);
     Ok(())
+}
+
+/// Export the phase and conditions of the set's DedicatedLanes. A failure
+/// only costs the metrics of this round, never the reconcile.
+async fn record_lanes(set: &ShardSet, ctx: &Context) {
+    let ns = set.namespace().unwrap_or_default();
+    let name = set.name_any();
+    let lanes: Api<DeserializeGuard<DedicatedLane>> = Api::namespaced(ctx.client.clone(), &ns);
+    let list = match lanes.list(&ListParams::default()).await {
+        Ok(list) => list,
+        Err(e) => {
+            warn!(set = %name, error = %e, "cannot list DedicatedLanes for metrics");
+            return;
+        }
+    };
+    let views: Vec<crate::telemetry::LaneView> = list
+        .items
+        .iter()
+        .filter_map(|l| l.0.as_ref().ok())
+        .filter(|l| l.spec.shard_set == name)
+        .map(|l| {
+            let status = l.status.clone().unwrap_or_default();
+            crate::telemetry::LaneView {
+                name: l.name_any(),
+                tenant: l.spec.tenant.clone(),
+                phase: format!("{:?}", status.phase),
+                conditions: status
+                    .conditions
+                    .iter()
+                    .map(|c| (c.type_.clone(), c.status == "True"))
+                    .collect(),
+            }
+        })
+        .collect();
+    ctx.metrics.record_lanes(&ns, &name, &views);
 }
