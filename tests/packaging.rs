@@ -1527,7 +1527,9 @@ spec:
             format!(
                 r#"lanekeeper_tenant_capacity_share{{namespace="{ns}",shard_set="metrics",queue="shard-00",tenant="acme"}}"#
             ),
-            format!(r#"lane="webhooks-bigimport",tenant="bigimport-corp",phase="Draining"}} 1"#),
+            format!(
+                r#"lanekeeper_lane_phase{{namespace="{sns}",shard_set="webhooks",lane="webhooks-bigimport",tenant="bigimport-corp",phase="Draining"}} 1"#
+            ),
             format!(
                 r#"lanekeeper_lane_condition{{namespace="{sns}",shard_set="webhooks",lane="webhooks-bigimport",condition="Admitted"}} 1"#
             ),
