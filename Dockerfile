@@ -17,9 +17,11 @@
 ############################
 FROM rust:1.95.0-slim-bookworm@sha256:d7482085ff5b415f84dba5647ae71606650bdef00db7aeb69f4b3d170c3e4082 AS build
 WORKDIR /src
-# Only what the binary is built from: a change to tests, benches, charts or
-# docs does not invalidate this layer's cache.
+# Only what the binary is built from, plus benches/: Cargo.toml declares the
+# bench targets and cargo refuses a manifest whose targets are missing. A
+# change to tests, charts or docs does not invalidate these layers.
 COPY Cargo.toml Cargo.lock ./
+COPY benches ./benches
 COPY src ./src
 # The cache mounts keep the registry and the target dir between builds
 # (BuildKit); the binary is copied out of the cached target dir.
