@@ -700,8 +700,7 @@ fn chart_with_every_option_is_accepted_by_the_api_server() {
     let cp = cluster();
     let ops = cp.namespace("lk-ops");
     let watched = cp.namespace("lk-watched");
-    let mut set = all_options(&watched);
-    set.push(format!("ingest.shardSet={watched}/webhooks"));
+    let set = all_options(&watched);
     let set: Vec<&str> = set.iter().map(String::as_str).collect();
     // Not the ServiceMonitor: the test API server has no prometheus-operator CRDs.
     let rendered = render("every", &ops, &set);
