@@ -64,8 +64,13 @@ fn main() {
         .unwrap();
     let url = support::redis::shared().url.clone();
     rt.block_on(async {
-        let lease_ack = common::fair(&url, 10).await;
-        println!("store lease+ack (ack_and_lease), {} clients, 10 tenants: {lease_ack:.0} cycles/s", common::CLIENTS);
+        let store_rate = common::fair(&url, 10).await;
+        let lease_ack = store_rate.per_s;
+        println!(
+            "store lease+ack (ack_and_lease), {} clients, 10 tenants: {lease_ack:.0} cycles/s (Redis CPU {:.1} us/cycle)",
+            common::CLIENTS,
+            store_rate.redis_us
+        );
         let (delivered, cpu) = end_to_end().await;
         println!(
             "end to end: {WORKERS} worker processes x 64 in flight, {} envelopes, receiver answers at once: {delivered:.0} deliveries/s ({:.2}x lease+ack)",

@@ -53,9 +53,33 @@ pub async fn enqueue_all(store: &Store, envs: Vec<Envelope>) -> f64 {
     n as f64 / started.elapsed().as_secs_f64()
 }
 
-/// Lease+ack cycles per second with CLIENTS concurrent clients.
-pub async fn fair(url: &str, tenants: u64) -> f64 {
-    let set = format!("fair{tenants}");
+/// A measured phase: operations per second, and the Redis server's CPU
+/// time per operation (less sensitive than wall time to whatever else the
+/// machine is doing, and what the scripts' cost comes down to).
+#[derive(Clone, Copy, Debug)]
+pub struct Rate {
+    pub per_s: f64,
+    pub redis_us: f64,
+}
+
+/// Run `phase`, which performs `ops` operations, and measure it.
+pub async fn measure<F: std::future::Future<Output = ()>>(url: &str, ops: u64, phase: F) -> Rate {
+    let cpu0 = redis_cpu(url).await;
+    let started = Instant::now();
+    phase.await;
+    let wall = started.elapsed().as_secs_f64();
+    let cpu = redis_cpu(url).await - cpu0;
+    Rate {
+        per_s: ops as f64 / wall,
+        redis_us: cpu * 1e6 / ops as f64,
+    }
+}
+
+/// Lease+ack cycles with CLIENTS concurrent clients.
+pub async fn fair(url: &str, tenants: u64) -> Rate {
+    // A set of its own per run: envelope ids repeat between runs.
+    static RUN: AtomicU64 = AtomicU64::new(0);
+    let set = format!("fair{tenants}-{}", RUN.fetch_add(1, Ordering::Relaxed));
     let admin = connect(url, &set).await;
     admin
         .configure_queue(Q, &QueuePolicy::default())
@@ -67,11 +91,17 @@ pub async fn fair(url: &str, tenants: u64) -> f64 {
         .flat_map(|i| (0..tenants).map(move |t| env(&format!("t{t}"), i)))
         .collect();
     enqueue_all(&admin, envs).await;
+    let mut clients = Vec::new();
+    for _ in 0..CLIENTS {
+        clients.push(connect(url, &set).await);
+    }
+    measure(url, CYCLES, run_fair(clients)).await
+}
+
+async fn run_fair(clients: Vec<Store>) {
     let done = Arc::new(AtomicU64::new(0));
-    let started = Instant::now();
     let mut tasks = Vec::new();
-    for c in 0..CLIENTS {
-        let store = connect(url, &set).await;
+    for (c, store) in clients.into_iter().enumerate() {
         let done = done.clone();
         tasks.push(tokio::spawn(async move {
             let worker = format!("b{c}");
@@ -96,5 +126,22 @@ pub async fn fair(url: &str, tenants: u64) -> f64 {
     for t in tasks {
         t.await.unwrap();
     }
-    CYCLES as f64 / started.elapsed().as_secs_f64()
+}
+
+/// CPU seconds the Redis server has used so far (user + system), from
+/// `INFO cpu`: the difference over a phase says how much of the phase's
+/// time the single Redis thread was busy.
+pub async fn redis_cpu(url: &str) -> f64 {
+    let client = redis::Client::open(url).unwrap();
+    let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+    let info: String = redis::cmd("INFO")
+        .arg("cpu")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    info.lines()
+        .filter_map(|l| l.split_once(':'))
+        .filter(|(k, _)| *k == "used_cpu_user" || *k == "used_cpu_sys")
+        .map(|(_, v)| v.trim().parse::<f64>().unwrap())
+        .sum()
 }

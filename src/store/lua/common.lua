@@ -6,20 +6,25 @@
 --                           mnext (next time a lease does maintenance),
 --                           bratio, bmin, bwin (ms), bopen (ms): the circuit breaker
 --   P:weights         HASH  tenant -> weight
---   P:fresh           LIST  tenants that just became active (served first, one turn)
---   P:ring            LIST  backlogged tenants, DRR order (head is served)
---   P:t:<tenant>      HASH  d deficit (worker-s), f in flight, r on fresh/ring, k parked at cap,
---                           e estimate (s), b fresh-turn budget, p paused, m moved-to queue,
+--   P:ring            LIST  active tenants in DRR order (the head is served); a tenant that
+--                           just became active goes to the head for one turn (see activate_fresh)
+--   P:t:<tenant>      HASH  d deficit (worker-s), f in flight, r on the ring, k parked at cap,
+--                           e estimate (s), b what the fresh turn may still charge, p paused, m moved-to queue,
 --                           w delayed, h held, n depth (queued, held, delayed or in flight),
 --                           ok delivered, ko dead-lettered, bw breakers in use, bl blocked
 --   P:tenants         SET   every tenant that has had work here (for attribution)
 --   P:q:<tenant>      LIST  the tenant's lane: envelope ids, head first
 --   P:h:<tenant>      LIST  hold buffer while paused
---   P:e:<id>          HASH  t tenant, s seq, a attempts, p payload, n enqueued ms, ep endpoint,
---                           l lease token, c charged s, at leased ms, x holds slot
---   P:id:<id>         STRING idempotency marker (expires after idttl seconds)
+--   P:e:<id>          HASH  t tenant, s seq, a attempts (absent: 0), p payload, n enqueued ms,
+--                           ep endpoint, x holds slot
+--   P:ids:<period>    SET   envelope ids first seen in that idttl-long period: an id is a
+--                           duplicate while it is in this period's set or the previous one
+--                           (so it is remembered for at least idttl seconds, at most twice that)
 --   P:seq             STRING enqueue sequence
---   P:leases          ZSET  id -> lease deadline ms
+--   P:leases          ZSET  lease -> deadline ms. A lease is the string
+--                           "<charged s>\n<leased ms>\n<id>\n<tenant>\n<worker token>" (no part
+--                           holds a control character); it is also the token the worker holds,
+--                           so ack, nack and release prove the lease with one ZREM
 --   P:delayed         ZSET  id -> retry due ms
 --   P:dead            LIST  dead letters (JSON)
 --   P:ws:<bucket>     HASH  tenant -> worker-seconds in a 10 s bucket (expires)
@@ -28,15 +33,60 @@
 --                           n requests, x failures (absent while closed and healthy)
 --   P:blocked         ZSET  tenant -> ms: tenants whose head envelope's breaker is open
 --   P:wake            CHANNEL published when a tenant becomes active (wakes idle workers)
-local P = KEYS[1]
-local RING = P .. ':ring'
-local FRESH = P .. ':fresh'
-local LEASES = P .. ':leases'
-local DELAYED = P .. ':delayed'
+--
+-- This file, deliver.lua and every script body make one Redis Functions
+-- library (see `store::library`). Closures are created once, when the
+-- library loads; each call only binds the queue below (`begin`).
+
+-- The queue this call works on, and its policy: bound by `begin`.
+local P, RING, LEASES, DELAYED, BLOCKED
+local QUANTUM, ORDERED, CAP, DEFAULT_WEIGHT, EST0, MAX_ATTEMPTS, ID_TTL, MAINT_NEXT
+local BR_RATIO, BR_MIN, BR_WINDOW, BR_OPEN
+
+-- The first step of every per-queue function: KEYS[1] is the queue prefix.
+local function begin(keys)
+  P = keys[1]
+  RING, LEASES, DELAYED, BLOCKED = P .. ':ring', P .. ':leases', P .. ':delayed', P .. ':blocked'
+  local conf = redis.call('HMGET', P .. ':conf', 'quantum', 'cap', 'ordered', 'weight', 'est0', 'maxatt', 'idttl',
+    'mnext', 'bratio', 'bmin', 'bwin', 'bopen')
+  QUANTUM = tonumber(conf[1]) or 2.0
+  ORDERED = conf[3] == '1'
+  CAP = ORDERED and 1 or (tonumber(conf[2]) or 8)
+  DEFAULT_WEIGHT = tonumber(conf[4]) or 1.0
+  EST0 = tonumber(conf[5]) or 1.0
+  MAX_ATTEMPTS = tonumber(conf[6]) or 10
+  ID_TTL = tonumber(conf[7]) or 86400
+  MAINT_NEXT = tonumber(conf[8]) or 0
+  BR_RATIO = tonumber(conf[9]) or 0.5
+  BR_MIN = tonumber(conf[10]) or 20
+  BR_WINDOW = tonumber(conf[11]) or 60000
+  BR_OPEN = tonumber(conf[12]) or 30000
+end
 
 local function now_ms()
   local t = redis.call('TIME')
   return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
+
+-- A lease as stored in P:leases and handed to the worker (see the key layout).
+local function lease_member(charged, at, id, t, token)
+  return charged .. '\n' .. at .. '\n' .. id .. '\n' .. t .. '\n' .. token
+end
+
+-- The parts of a lease: charged, at, id, tenant; nil if it is not one.
+local function parse_lease(member)
+  local c, at, id, t = string.match(member, '^([^\n]*)\n([^\n]*)\n([^\n]*)\n([^\n]*)\n')
+  if not c then return nil end
+  return tonumber(c) or 0, tonumber(at) or 0, id, t
+end
+
+-- Take the lease `member` of envelope `id` out of P:leases. Returns its
+-- charge and tenant, or nil when it is not (or no longer) held: acked
+-- already, or expired and handed to someone else.
+local function end_lease(id, member)
+  local c, _, lid, t = parse_lease(member)
+  if not c or lid ~= id or redis.call('ZREM', LEASES, member) == 0 then return nil end
+  return c, t
 end
 
 local function tkey(t) return P .. ':t:' .. t end
@@ -44,42 +94,64 @@ local function lane(t) return P .. ':q:' .. t end
 local function hold(t) return P .. ':h:' .. t end
 local function ekey(id) return P .. ':e:' .. id end
 
-local CONF = redis.call('HMGET', P .. ':conf', 'quantum', 'cap', 'ordered', 'weight', 'est0', 'maxatt', 'idttl',
-  'mnext', 'bratio', 'bmin', 'bwin', 'bopen')
-local QUANTUM = tonumber(CONF[1]) or 2.0
-local ORDERED = CONF[3] == '1'
-local CAP = ORDERED and 1 or (tonumber(CONF[2]) or 8)
-local DEFAULT_WEIGHT = tonumber(CONF[4]) or 1.0
-local EST0 = tonumber(CONF[5]) or 1.0
-local MAX_ATTEMPTS = tonumber(CONF[6]) or 10
-local ID_TTL = tonumber(CONF[7]) or 86400
-local MAINT_NEXT = tonumber(CONF[8]) or 0
-local BR_RATIO = tonumber(CONF[9]) or 0.5
-local BR_MIN = tonumber(CONF[10]) or 20
-local BR_WINDOW = tonumber(CONF[11]) or 60000
-local BR_OPEN = tonumber(CONF[12]) or 30000
-local BLOCKED = P .. ':blocked'
+-- Idempotency: which of `ids` are new to this queue? Returns a table with
+-- `true` for each id seen neither in this idttl-long period nor the one
+-- before (so an id is remembered for at least idttl seconds, at most twice
+-- that), and claims them. A batch costs three set commands, however long.
+-- The current period's set expires after three windows as a safety net;
+-- the set from two periods back is no longer read and is freed in the
+-- background (UNLINK) rather than by a blocking expiry of a large set.
+local function claim_ids(ids, now)
+  local fresh = {}
+  if #ids == 0 then return fresh end
+  local period = math.floor(now / 1000 / ID_TTL)
+  local cur, prev = P .. ':ids:' .. period, P .. ':ids:' .. (period - 1)
+  local in_prev = redis.call('SMISMEMBER', prev, unpack(ids))
+  local in_cur = redis.call('SMISMEMBER', cur, unpack(ids))
+  local claim = {}
+  for k, id in ipairs(ids) do
+    if in_prev[k] == 0 and in_cur[k] == 0 and not fresh[id] then
+      fresh[id] = true
+      claim[#claim + 1] = id
+    end
+  end
+  if #claim > 0 then
+    redis.call('SADD', cur, unpack(claim))
+    redis.call('EXPIRE', cur, 3 * ID_TTL, 'NX')
+    redis.call('UNLINK', P .. ':ids:' .. (period - 2))
+  end
+  return fresh
+end
 
 local function weight(t)
   return tonumber(redis.call('HGET', P .. ':weights', t)) or DEFAULT_WEIGHT
 end
 
+-- Put a tenant on the ring, at the head (a fresh turn) or the tail. Every
+-- activation publishes: each wake-up rouses one idle worker task (workers
+-- call notify_one per message), so one per tenant made active brings as
+-- many idle tasks as there is new work.
+local function push_active(t, front)
+  redis.call(front and 'LPUSH' or 'RPUSH', RING, t)
+  redis.call('PUBLISH', P .. ':wake', t)
+end
+
 -- Put a tenant with queued work at the tail of the ring, unless it is on
--- the ring or the fresh list already, or parked at its cap.
+-- the ring already, parked at its cap, or blocked.
 local function activate(t)
   local tk = tkey(t)
   local st = redis.call('HMGET', tk, 'r', 'k', 'bl')
   if st[1] == '1' or st[2] == '1' or st[3] == '1' then return end
   if redis.call('LLEN', lane(t)) == 0 then return end
-  redis.call('RPUSH', RING, t)
+  push_active(t, false)
   redis.call('HSET', tk, 'r', 1)
-  redis.call('PUBLISH', P .. ':wake', t)
 end
 
 -- A tenant that was idle and has new work: it earns its quantum now and, if
--- that leaves it in credit (no unpaid debt), is served ahead of the
--- backlogged ring for one turn, like a sparse flow in FQ-CoDel. This is what
--- lets a password reset overtake a whale's turn.
+-- that leaves it in credit (no unpaid debt), goes to the head of the ring
+-- for one turn (at most one quantum), ahead of the backlogged tenants, like
+-- a sparse flow in FQ-CoDel. This is what lets a password reset overtake a
+-- whale's turn; the interrupted turn resumes after it.
 local function activate_fresh(t)
   local tk = tkey(t)
   local st = redis.call('HMGET', tk, 'r', 'k', 'd', 'bl')
@@ -88,8 +160,7 @@ local function activate_fresh(t)
   local d = (tonumber(st[3]) or 0) + q
   -- b: what the fresh turn may still charge; refunds at ack do not extend it
   redis.call('HSET', tk, 'r', 1, 'd', d, 'b', q)
-  if d > 0 then redis.call('RPUSH', FRESH, t) else redis.call('RPUSH', RING, t) end
-  redis.call('PUBLISH', P .. ':wake', t)
+  push_active(t, d > 0)
 end
 
 -- Free one in-flight slot; a tenant parked at its cap rejoins the ring if it has work.
@@ -186,23 +257,32 @@ end
 -- 'dead' (both leave the depth), 'retry' (waits in the delayed set) or nil.
 local function settle(t, charged, actual, now, free_slot, outcome)
   local tk = tkey(t)
-  local st = redis.call('HMGET', tk, 'e', 'f', 'k', 'd', 'n', 'ok', 'ko', 'w', 'bw')
+  local st = redis.call('HMGET', tk, 'e', 'f', 'k', 'd', 'n', 'ok', 'ko', 'w', 'bw', 'bl')
   local e, f = tonumber(st[1]) or EST0, tonumber(st[2]) or 0
   if free_slot then f = math.max(f - 1, 0) end
   local n, ok, ko, w = tonumber(st[5]) or 0, tonumber(st[6]) or 0, tonumber(st[7]) or 0, tonumber(st[8]) or 0
   if outcome == 'delivered' then n, ok = n - 1, ok + 1
   elseif outcome == 'dead' then n, ko = n - 1, ko + 1
   elseif outcome == 'retry' then w = w + 1 end
-  redis.call('HSET', tk, 'e', e + 0.3 * (actual - e), 'f', f, 'd', (tonumber(st[4]) or 0) + charged - actual,
-    'n', math.max(n, 0), 'ok', ok, 'ko', ko, 'w', w)
+  local set = { 'e', e + 0.3 * (actual - e), 'f', f, 'd', (tonumber(st[4]) or 0) + charged - actual,
+    'n', math.max(n, 0), 'ok', ok, 'ko', ko, 'w', w }
+  -- a tenant parked at its cap rejoins the ring's tail (unless a breaker
+  -- blocks it) in this same write. It was parked with work queued; should
+  -- its lane be empty now, its next turn finds that and takes it off.
+  local rejoin = false
+  if free_slot and st[3] == '1' and f < CAP then
+    set[#set + 1] = 'k'; set[#set + 1] = 0
+    if st[10] ~= '1' then
+      set[#set + 1] = 'r'; set[#set + 1] = 1
+      rejoin = true
+    end
+  end
+  redis.call('HSET', tk, unpack(set))
+  if rejoin then push_active(t, false) end
   local bucket = P .. ':ws:' .. math.floor(now / 10000)
   local total = tonumber(redis.call('HINCRBYFLOAT', bucket, t, actual))
   -- the first write to a bucket is always a tenant's first in it: set the TTL then
   if math.abs(total - actual) < 1e-9 then redis.call('EXPIRE', bucket, 7200) end
-  if free_slot and st[3] == '1' and f < CAP then
-    redis.call('HSET', tk, 'k', 0)
-    activate(t)
-  end
   return tonumber(st[9]) or 0
 end
 
@@ -247,26 +327,25 @@ end
 
 -- Return expired leases to the head of their lanes; a worker that died loses nothing.
 local function reap(now, limit)
-  local ids = redis.call('ZRANGEBYSCORE', LEASES, '-inf', now, 'LIMIT', 0, limit)
+  local leases = redis.call('ZRANGEBYSCORE', LEASES, '-inf', now, 'LIMIT', 0, limit)
   local items = {}
-  for _, id in ipairs(ids) do
-    redis.call('ZREM', LEASES, id)
-    local ek = ekey(id)
-    local m = redis.call('HMGET', ek, 't', 's', 'c', 'at', 'p', 'ep')
-    if m[1] then
-      local t = m[1]
+  for _, member in ipairs(leases) do
+    redis.call('ZREM', LEASES, member)
+    local c, at, id, t = parse_lease(member)
+    local ek = id and ekey(id)
+    local m = ek and redis.call('HMGET', ek, 's', 'p', 'ep')
+    if m and m[2] then
       local a = redis.call('HINCRBY', ek, 'a', 1)
       local dead = a >= MAX_ATTEMPTS
-      local bw = settle(t, tonumber(m[3]) or 0, (now - (tonumber(m[4]) or now)) / 1000, now, true, dead and 'dead' or nil)
-      breaker_record(t, m[6], true, bw, now)
-      redis.call('HDEL', ek, 'l', 'c', 'at')
+      local bw = settle(t, c, (now - at) / 1000, now, true, dead and 'dead' or nil)
+      breaker_record(t, m[3], true, bw, now)
       if dead then
-        dead_letter(id, t, a, 'lease expired ' .. a .. ' times without an ack (worker died or hung)', now, m[5])
+        dead_letter(id, t, a, 'lease expired ' .. a .. ' times without an ack (worker died or hung)', now, m[2])
       else
-        items[#items + 1] = { t, tonumber(m[2]), id }
+        items[#items + 1] = { t, tonumber(m[1]), id }
       end
     end
   end
   return_to_head(items)
-  return #ids
+  return #leases
 end

@@ -1,31 +1,32 @@
 -- Lease and ack, shared by the lease, ack and ack_lease scripts.
 
--- After a lease (charging `charged`) or a skip (charging 0), put the head
--- tenant of `list` where it belongs.
-local function reposition(list, t, tk, d, f, charged)
+-- After a lease (charging `charged`) or a skip (charging 0), put the
+-- tenant at the head of the ring where it belongs. `budget` is what its
+-- fresh turn may still charge (0 outside one). `set` holds the tenant
+-- fields the caller has changed; they are written with this step's in one HSET.
+local function reposition(t, tk, d, f, charged, budget, set)
+  local function put(k, v) set[#set + 1] = k; set[#set + 1] = v end
   if redis.call('LLEN', lane(t)) == 0 then
     -- idle: leaves the ring and keeps no credit (debt stays)
-    redis.call('LPOP', list)
-    redis.call('HSET', tk, 'r', 0, 'd', math.min(d, 0))
+    redis.call('LPOP', RING)
+    put('r', 0); put('d', math.min(d, 0)); put('b', 0)
   elseif f >= CAP then
     -- at its cap: parked off the ring until a slot frees, so it is not rescanned
-    redis.call('LPOP', list)
-    redis.call('HSET', tk, 'r', 0, 'k', 1)
+    redis.call('LPOP', RING)
+    put('r', 0); put('k', 1); put('b', 0)
   elseif d <= 0 then
     -- turn over: next turn's quantum, to the tail of the ring
-    redis.call('LMOVE', list, RING, 'LEFT', 'RIGHT')
-    redis.call('HSET', tk, 'd', d + QUANTUM * weight(t))
-  elseif list == FRESH and charged > 0 and tonumber(redis.call('HINCRBYFLOAT', tk, 'b', -charged)) <= 0 then
-    -- the fresh turn is spent (refunds do not extend it): on with its credit to the ring's tail
-    redis.call('LMOVE', FRESH, RING, 'LEFT', 'RIGHT')
+    redis.call('LMOVE', RING, RING, 'LEFT', 'RIGHT')
+    put('d', d + QUANTUM * weight(t)); put('b', 0)
+  elseif budget > 0 and charged > 0 then
+    -- a fresh turn: spent (refunds do not extend it), it goes on to the
+    -- ring's tail with the credit it has left
+    local b = budget - charged
+    put('b', math.max(b, 0))
+    if b <= 0 then redis.call('LMOVE', RING, RING, 'LEFT', 'RIGHT') end
   end
-end
-
--- The tenant to serve next: fresh tenants first, then the ring.
-local function head()
-  local t = redis.call('LINDEX', FRESH, 0)
-  if t then return FRESH, t end
-  return RING, redis.call('LINDEX', RING, 0)
+  -- later pairs win: Redis applies HSET's pairs in order
+  if #set > 0 then redis.call('HSET', tk, unpack(set)) end
 end
 
 -- Lease the next envelope by deficit round robin.
@@ -49,10 +50,10 @@ local function lease_next(lease_ms, token, budget, now)
   end
 
   for _ = 1, budget do
-    local list, t = head()
+    local t = redis.call('LINDEX', RING, 0)
     if not t and not maintained then
       maintain()
-      list, t = head()
+      t = redis.call('LINDEX', RING, 0)
     end
     if not t then
       local wait = 1000
@@ -65,8 +66,8 @@ local function lease_next(lease_ms, token, budget, now)
       return { 'EMPTY', math.max(wait, 1) }
     end
     local tk = tkey(t)
-    local st = redis.call('HMGET', tk, 'd', 'f', 'e', 'bw')
-    local d, f, e = tonumber(st[1]) or 0, tonumber(st[2]) or 0, tonumber(st[3]) or EST0
+    local st = redis.call('HMGET', tk, 'd', 'f', 'e', 'bw', 'b')
+    local d, f, e, b = tonumber(st[1]) or 0, tonumber(st[2]) or 0, tonumber(st[3]) or EST0, tonumber(st[5]) or 0
     local id = d > 0 and f < CAP and redis.call('LPOP', lane(t))
     local env, pass, change = nil, true, ''
     if id then
@@ -79,8 +80,8 @@ local function lease_next(lease_ms, token, budget, now)
       -- the head envelope's endpoint is broken: the tenant steps off the ring
       -- until the breaker lets a probe through, and its share goes to the others
       redis.call('LPUSH', lane(t), id)
-      redis.call('LPOP', list)
-      redis.call('HSET', tk, 'r', 0, 'bl', 1)
+      redis.call('LPOP', RING)
+      redis.call('HSET', tk, 'r', 0, 'bl', 1, 'b', 0)
       redis.call('ZADD', BLOCKED, pass, t)
     elseif id then
       local ek = ekey(id)
@@ -90,19 +91,18 @@ local function lease_next(lease_ms, token, budget, now)
           cause = 'envelope record missing from the queue', at = now, envelope = '' }))
         redis.call('HINCRBY', tk, 'n', -1)
         redis.call('HINCRBY', tk, 'ko', 1)
-        reposition(list, t, tk, d, f, 0)
+        reposition(t, tk, d, f, 0, b, {})
       else
         local deadline = now + lease_ms
-        redis.call('HSET', ek, 'l', token, 'c', e, 'at', now)
-        redis.call('ZADD', LEASES, deadline, id)
+        local member = lease_member(e, now, id, t, token)
+        redis.call('ZADD', LEASES, deadline, member)
         d = d - e
         f = f + 1
-        redis.call('HSET', tk, 'd', d, 'f', f)
-        reposition(list, t, tk, d, f, e)
-        return { 'LEASED', id, t, env[1], env[2], env[3], token, deadline, env[4], change }
+        reposition(t, tk, d, f, e, b, { 'd', d, 'f', f })
+        return { 'LEASED', id, t, env[1], env[2], env[3], member, deadline, env[4], change }
       end
     else
-      reposition(list, t, tk, d, f, 0)
+      reposition(t, tk, d, f, 0, b, {})
     end
   end
   return { 'AGAIN' }
@@ -111,13 +111,14 @@ end
 -- Acknowledge a delivery. Returns 'OK', or 'STALE' when the lease is gone
 -- (already acked, or expired and handed to another worker): ack is idempotent.
 -- The second value is the breaker's state change ('closed' after a probe).
-local function ack_one(id, token, elapsed, now)
+local function ack_one(id, lease, elapsed, now)
+  local c, t = end_lease(id, lease)
+  if not c then return 'STALE', '' end
   local ek = ekey(id)
-  local m = redis.call('HMGET', ek, 't', 'l', 'c', 'ep')
-  if not m[1] or m[2] ~= token then return 'STALE', '' end
-  local t = m[1]
+  local bw = settle(t, c, elapsed, now, true, 'delivered')
+  local change = ''
+  -- the endpoint matters only to a tenant with breakers in use
+  if bw > 0 then change = breaker_record(t, redis.call('HGET', ek, 'ep') or '', false, bw, now) end
   redis.call('DEL', ek)
-  redis.call('ZREM', LEASES, id)
-  local bw = settle(t, tonumber(m[3]) or 0, elapsed, now, true, 'delivered')
-  return 'OK', breaker_record(t, m[4], false, bw, now)
+  return 'OK', change
 end

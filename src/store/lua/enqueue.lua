@@ -1,39 +1,52 @@
 -- ARGV: id, tenant, endpoint, payload, repeated for each envelope of the
 -- batch (one or many). Returns a flat list with a {tag, value} pair per envelope, in order:
 -- 'OK' seq | 'HELD' seq | 'DUP' 0 | 'MOVED' queue.
--- Per-tenant state is read once per batch and counters are written once per
--- tenant, so an import costs a few commands per envelope.
+-- Per batch: tenant state is read once per tenant, ids are checked in two
+-- set lookups and claimed in one, and each tenant's lane gets one RPUSH, so
+-- an envelope costs one HSET of its own.
 local now = now_ms()
 local n = #ARGV / 4
 -- one sequence block for the batch; ids that turn out duplicate leave gaps
 local seq0 = redis.call('INCRBY', P .. ':seq', n) - n
-local out = {}
-local tenants = {} -- tenant -> {paused, moved, added, held}
+local tenants = {} -- tenant -> {paused, moved, known, active, lane = {ids}, held = {ids}}
 local order = {}
+local candidates = {} -- ids of envelopes whose tenant is still served here
+for k = 1, n do
+  local i = 4 * k - 3
+  local t = ARGV[i + 1]
+  local ts = tenants[t]
+  if not ts then
+    -- paused, moved, and whether activation can be skipped (already on the
+    -- ring, parked at its cap, or blocked by a breaker)
+    local st = redis.call('HMGET', tkey(t), 'p', 'm', 'r', 'k', 'bl', 'n')
+    ts = { paused = st[1] == '1', moved = st[2] or '', known = st[6] ~= false,
+      active = st[3] == '1' or st[4] == '1' or st[5] == '1', lane = {}, held = {} }
+    tenants[t] = ts
+    order[#order + 1] = t
+  end
+  if ts.moved == '' then candidates[#candidates + 1] = ARGV[i] end
+end
+local fresh_id = claim_ids(candidates, now)
+
+local out = {}
 for k = 1, n do
   local i = 4 * k - 3
   local id, t, ep, payload = ARGV[i], ARGV[i + 1], ARGV[i + 2], ARGV[i + 3]
   local ts = tenants[t]
-  if not ts then
-    local st = redis.call('HMGET', tkey(t), 'p', 'm')
-    ts = { paused = st[1] == '1', moved = st[2] or '', added = 0, held = 0 }
-    tenants[t] = ts
-    order[#order + 1] = t
-  end
   if ts.moved ~= '' then
     out[#out + 1] = 'MOVED'; out[#out + 1] = ts.moved
-  elseif not redis.call('SET', P .. ':id:' .. id, 1, 'NX', 'EX', ID_TTL) then
+  elseif not fresh_id[id] then
     out[#out + 1] = 'DUP'; out[#out + 1] = 0
   else
+    fresh_id[id] = nil -- the same id twice in one batch is stored once
     local seq = seq0 + k
-    redis.call('HSET', ekey(id), 't', t, 's', seq, 'a', 0, 'p', payload, 'n', now, 'ep', ep)
-    ts.added = ts.added + 1
+    -- attempts ('a') are absent until the first failure
+    redis.call('HSET', ekey(id), 't', t, 's', seq, 'p', payload, 'n', now, 'ep', ep)
     if ts.paused then
-      redis.call('RPUSH', hold(t), id)
-      ts.held = ts.held + 1
+      ts.held[#ts.held + 1] = id
       out[#out + 1] = 'HELD'
     else
-      redis.call('RPUSH', lane(t), id)
+      ts.lane[#ts.lane + 1] = id
       out[#out + 1] = 'OK'
     end
     out[#out + 1] = seq
@@ -41,11 +54,19 @@ for k = 1, n do
 end
 for _, t in ipairs(order) do
   local ts = tenants[t]
-  if ts.added > 0 then
-    redis.call('HINCRBY', tkey(t), 'n', ts.added)
-    redis.call('SADD', P .. ':tenants', t)
+  local added = #ts.lane + #ts.held
+  if added > 0 then
+    redis.call('HINCRBY', tkey(t), 'n', added)
+    -- a tenant's hash keeps its depth counter once it exists
+    if not ts.known then redis.call('SADD', P .. ':tenants', t) end
   end
-  if ts.held > 0 then redis.call('HINCRBY', tkey(t), 'h', ts.held) end
-  if ts.added > ts.held then activate_fresh(t) end
+  if #ts.held > 0 then
+    redis.call('RPUSH', hold(t), unpack(ts.held))
+    redis.call('HINCRBY', tkey(t), 'h', #ts.held)
+  end
+  if #ts.lane > 0 then
+    redis.call('RPUSH', lane(t), unpack(ts.lane))
+    if not ts.active then activate_fresh(t) end
+  end
 end
 return out

@@ -4,9 +4,14 @@
 -- halfway can be repeated. Returns the count appended.
 local t = ARGV[1]
 local n = 0
+local now = now_ms()
+local ids = {}
+for i = 2, #ARGV, 5 do ids[#ids + 1] = ARGV[i] end
+local fresh_id = claim_ids(ids, now)
 for i = 2, #ARGV, 5 do
   local id = ARGV[i]
-  if redis.call('SET', P .. ':id:' .. id, 1, 'NX', 'EX', ID_TTL) then
+  if fresh_id[id] then
+    fresh_id[id] = nil
     local seq = redis.call('INCR', P .. ':seq')
     redis.call('HSET', ekey(id), 't', t, 's', seq, 'a', ARGV[i + 1], 'p', ARGV[i + 2], 'n', ARGV[i + 3],
       'ep', ARGV[i + 4])

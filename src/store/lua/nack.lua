@@ -6,21 +6,19 @@
 local id, token, elapsed = ARGV[1], ARGV[2], tonumber(ARGV[3])
 local delay, dead, cause, broken = tonumber(ARGV[4]), ARGV[5] == '1', ARGV[6], ARGV[7] == '1'
 local ek = ekey(id)
-local m = redis.call('HMGET', ek, 't', 'l', 'c', 'p', 'ep')
-if not m[1] or m[2] ~= token then return { 'STALE' } end
-local t = m[1]
+local charged, t = end_lease(id, token)
+if not charged then return { 'STALE' } end
+local m = redis.call('HMGET', ek, 'p', 'ep')
 local now = now_ms()
-redis.call('ZREM', LEASES, id)
 local a = redis.call('HINCRBY', ek, 'a', 1)
 dead = dead or a >= MAX_ATTEMPTS
 -- a retry under PerTenant ordering keeps the tenant's only slot
-local bw = settle(t, tonumber(m[3]) or 0, elapsed, now, dead or not ORDERED, dead and 'dead' or 'retry')
-local change = breaker_record(t, m[5], broken, bw, now)
+local bw = settle(t, charged, elapsed, now, dead or not ORDERED, dead and 'dead' or 'retry')
+local change = breaker_record(t, m[2], broken, bw, now)
 if dead then
-  dead_letter(id, t, a, cause, now, m[4])
+  dead_letter(id, t, a, cause, now, m[1])
   return { 'DEAD', a, 0, change }
 end
-redis.call('HDEL', ek, 'l', 'c', 'at')
 local due = now + delay
 redis.call('ZADD', DELAYED, due, id)
 if ORDERED then redis.call('HSET', ek, 'x', 1) end
