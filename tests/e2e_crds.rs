@@ -260,6 +260,28 @@ spec:
     ] {
         assert!(err.contains(want), "missing {want:?} in:\n{err}");
     }
+
+    // A name that would make Deployment names too long for their labels.
+    let err = rejected(
+        cp,
+        &ns,
+        &format!(
+            r#"
+apiVersion: lanekeeper.io/v1alpha1
+kind: ShardSet
+metadata: {{name: {}}}
+spec:
+  shards: 1
+  redis: {{url: "redis://redis:6379/0"}}
+  worker: {{image: "lanekeeper:dev"}}
+"#,
+            "x".repeat(53)
+        ),
+    );
+    assert!(
+        err.contains("metadata.name must be at most 52 characters"),
+        "{err}"
+    );
     // Nothing was stored.
     let list = cp.kubectl_ok(&["get", "-n", &ns, "shs", "-o", "name"]);
     assert_eq!(list.trim(), "", "{list}");

@@ -1392,14 +1392,14 @@ fn scrape_until(addr: &str, what: &str, want: &[String], log: &Path, pid: u32) -
 /// metric family to have series: a one-shard ShardSet with a worker that
 /// delivers for one tenant and trips the breaker of another (deliveries,
 /// waits, breaker transitions; worker-seconds, so skew and capacity shares),
-/// a ShardSet whose name is too long for a label (reconcile errors), and the
+/// a ShardSet whose worker env var name the API server refuses in a
+/// Deployment (reconcile errors), and the
 /// sample DedicatedLane with a status, as the lane reconciler would write it.
 fn busy_metrics() -> (String, String) {
     let cp = cluster();
     let run = running();
     let redis = support::redis::shared();
     let ns = cp.namespace("lk-metrics");
-    let long = "x".repeat(70);
     cp.kubectl_stdin(
         &["apply", "-n", &ns, "-f", "-"],
         &format!(
@@ -1417,11 +1417,13 @@ spec:
 ---
 apiVersion: lanekeeper.io/v1alpha1
 kind: ShardSet
-metadata: {{name: {long}}}
+metadata: {{name: bad-env}}
 spec:
   shards: 1
   redis: {{url: "{url}"}}
-  worker: {{image: "ghcr.io/lanekeeper/lanekeeper:0.1.0"}}
+  worker:
+    image: "ghcr.io/lanekeeper/lanekeeper:0.1.0"
+    env: [{{name: "BAD=NAME", value: "x"}}]
 "#,
             url = redis.url
         ),

@@ -21,6 +21,7 @@ use serde::{Deserialize, Serialize};
     namespaced,
     status = "ShardSetStatus",
     derive = "PartialEq",
+    validation = Rule::new("self.metadata.name.size() <= 52").message("metadata.name must be at most 52 characters: it prefixes the shard and lane Deployment names (<name>-shard-NNNN), which must fit a 63-character label"),
     doc = "A ShardSet is one webhook-delivery pool: envelopes are routed onto its shards by rendezvous hashing of the tenant, and each shard's workers serve tenants fairly by deficit round robin priced in worker-seconds. Hot tenants are promoted to DedicatedLanes.",
     printcolumn(
         name = "Shards",
