@@ -67,6 +67,10 @@ enum Command {
         /// Address for /metrics, /healthz and /readyz.
         #[arg(long, env = "LANEKEEPER_METRICS_ADDR", default_value = "0.0.0.0:8080")]
         metrics_addr: std::net::SocketAddr,
+        /// How often each ShardSet's tenants are measured for promotion to,
+        /// and demotion from, dedicated lanes.
+        #[arg(long, env = "LANEKEEPER_PROMOTION_TICK", default_value = "60s")]
+        promotion_tick: kube::core::Duration,
         #[command(flatten)]
         election: Election,
     },
@@ -208,8 +212,16 @@ fn main() -> ExitCode {
         Command::Controller {
             namespace,
             metrics_addr,
+            promotion_tick,
             election,
-        } => runtime().and_then(|rt| rt.block_on(controller(namespace, metrics_addr, election))),
+        } => runtime().and_then(|rt| {
+            rt.block_on(controller(
+                namespace,
+                metrics_addr,
+                promotion_tick.into(),
+                election,
+            ))
+        }),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -351,6 +363,7 @@ async fn worker(args: WorkerArgs) -> anyhow::Result<()> {
 async fn controller(
     namespace: Option<String>,
     metrics_addr: std::net::SocketAddr,
+    promotion_tick: std::time::Duration,
     election: Election,
 ) -> anyhow::Result<()> {
     use anyhow::Context;
@@ -426,7 +439,10 @@ async fn controller(
         client.clone(),
         metrics,
     ));
-    let opts = lanekeeper::controller::ControllerOptions { namespace };
+    let opts = lanekeeper::controller::ControllerOptions {
+        namespace,
+        promotion_tick,
+    };
     let result = lanekeeper::controller::run(client, opts, ctx, stop).await;
     let _ = stop_tx.send(());
     // The lease task releases the Lease once its receivers are gone.

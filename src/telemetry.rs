@@ -312,7 +312,7 @@ impl Default for ControllerMetrics {
 }
 
 /// Every DedicatedLane phase, as `status.phase` spells it.
-const LANE_PHASES: [&str; 8] = [
+const LANE_PHASES: [&str; 9] = [
     "Pending",
     "Pausing",
     "Draining",
@@ -320,6 +320,7 @@ const LANE_PHASES: [&str; 8] = [
     "Scaling",
     "Active",
     "Retiring",
+    "Retired",
     "Failed",
 ];
 

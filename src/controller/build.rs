@@ -13,7 +13,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta, 
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kube::Resource;
 
-use crate::crd::{SecretKeyRef, ShardSet, WorkerTemplate};
+use crate::crd::{DedicatedLane, SecretKeyRef, ShardSet, WorkerOverrides, WorkerTemplate};
 use crate::routing::QueueId;
 
 /// The field manager of every object and status the controller writes.
@@ -28,6 +28,8 @@ pub enum BuildError {
     Incomplete,
     #[error("spec.shards {0} is out of range 1..=1024")]
     Shards(i32),
+    #[error("lane index {0} is out of range 0..=7")]
+    LaneIndex(u8),
 }
 
 /// `<set>-shard-07` / `<set>-lane-3`.
@@ -69,6 +71,56 @@ pub fn shard_deployments(set: &ShardSet) -> Result<Vec<Deployment>, BuildError> 
     (0..shards as u16)
         .map(|n| worker_deployment(set, QueueId::Shard(n), "shard", &set.spec.worker))
         .collect()
+}
+
+/// The label selector that finds a set's lane Deployments.
+pub fn lane_selector(set: &str) -> String {
+    labels(set, "lane")
+        .iter()
+        .map(|(k, v)| format!("{k}={v}"))
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+/// The worker template of a lane: the set's `worker`, then the set's
+/// `promotion.laneWorker`, then the lane's own `worker`; unset fields inherit.
+pub fn lane_worker(set: &ShardSet, lane: &DedicatedLane) -> WorkerTemplate {
+    let mut w = set.spec.worker.clone();
+    let apply = |w: &mut WorkerTemplate, o: &WorkerOverrides| {
+        if let Some(r) = o.replicas {
+            w.replicas = Some(r);
+            w.autoscaled = false;
+        }
+        if let Some(c) = o.concurrency {
+            w.concurrency = c;
+        }
+        if let Some(r) = &o.resources {
+            w.resources = Some(r.clone());
+        }
+        if let Some(n) = &o.node_selector {
+            w.node_selector = n.clone();
+        }
+    };
+    if let Some(o) = &set.spec.promotion.lane_worker {
+        apply(&mut w, o);
+    }
+    if let Some(o) = &lane.spec.worker {
+        apply(&mut w, o);
+    }
+    w
+}
+
+/// The worker Deployment of lane `index`, `<set>-lane-<index>`, running
+/// `worker --queue lane-<index>`; owned by the set like the shards.
+pub fn lane_deployment(
+    set: &ShardSet,
+    lane: &DedicatedLane,
+    index: u8,
+) -> Result<Deployment, BuildError> {
+    if i32::from(index) >= crate::crd::MAX_LANES {
+        return Err(BuildError::LaneIndex(index));
+    }
+    worker_deployment(set, QueueId::Lane(index), "lane", &lane_worker(set, lane))
 }
 
 fn owner(set: &ShardSet) -> Result<OwnerReference, BuildError> {
@@ -369,6 +421,45 @@ spec:
         let d = &shard_deployments(&set(&yaml)).unwrap()[0];
         assert_eq!(d.spec.as_ref().unwrap().replicas, None);
         assert!(!serde_json::to_string(d).unwrap().contains("\"replicas\""));
+    }
+
+    #[test]
+    fn lane_deployment_runs_the_lane_queue_with_overrides() {
+        let mut s = set(FIXTURE);
+        s.spec.promotion.lane_worker = Some(WorkerOverrides {
+            concurrency: Some(64),
+            ..Default::default()
+        });
+        let lane: DedicatedLane = serde_yaml::from_str(
+            "apiVersion: lanekeeper.io/v1alpha1\nkind: DedicatedLane\nmetadata: {name: webhooks-acme}\nspec: {shardSet: webhooks, tenant: acme, worker: {replicas: 3}}\n",
+        )
+        .unwrap();
+        let d = lane_deployment(&s, &lane, 5).unwrap();
+        assert_eq!(d.metadata.name.as_deref(), Some("webhooks-lane-5"));
+        let labels = d.metadata.labels.as_ref().unwrap();
+        assert_eq!(labels["app.kubernetes.io/component"], "lane");
+        assert_eq!(labels["lanekeeper.io/queue"], "lane-5");
+        let owner = &d.metadata.owner_references.as_ref().unwrap()[0];
+        assert_eq!(
+            (owner.kind.as_str(), owner.name.as_str()),
+            ("ShardSet", "webhooks")
+        );
+        let spec = d.spec.as_ref().unwrap();
+        assert_eq!(spec.replicas, Some(3));
+        let env = spec.template.spec.as_ref().unwrap().containers[0]
+            .env
+            .clone()
+            .unwrap();
+        let get = |n: &str| env.iter().find(|e| e.name == n).unwrap().value.clone();
+        assert_eq!(get("LANEKEEPER_QUEUE").as_deref(), Some("lane-5"));
+        assert_eq!(get("LANEKEEPER_CONCURRENCY").as_deref(), Some("64"));
+        // Not a shard: the shard prune never sees it.
+        assert!(lane_selector("webhooks").contains("app.kubernetes.io/component=lane"));
+        assert!(!shard_selector("webhooks").contains("component=lane"));
+        assert_eq!(
+            lane_deployment(&s, &lane, 8).unwrap_err(),
+            BuildError::LaneIndex(8)
+        );
     }
 
     #[test]

@@ -6,8 +6,10 @@
 //! then status (server-side apply with a stable field manager).
 
 pub mod build;
+pub mod lane;
 #[cfg(test)]
 mod mock_tests;
+pub mod promotion;
 pub mod status;
 
 use std::collections::HashMap;
@@ -51,6 +53,8 @@ pub struct Context {
     stores: Mutex<HashMap<(String, SetId), Store>>,
     /// Consecutive failures per object, for bounded exponential backoff.
     failures: Mutex<HashMap<ObjectRef<ShardSet>, u32>>,
+    /// Lane indexes are handed out one at a time.
+    admission: tokio::sync::Mutex<()>,
     pub metrics: crate::telemetry::ControllerMetrics,
 }
 
@@ -61,6 +65,7 @@ impl Context {
             reporter: Reporter::from(FIELD_MANAGER),
             stores: Mutex::default(),
             failures: Mutex::default(),
+            admission: tokio::sync::Mutex::new(()),
             metrics,
         }
     }
@@ -71,10 +76,22 @@ impl Context {
 pub struct ControllerOptions {
     /// Watch one namespace, or all when `None`.
     pub namespace: Option<String>,
+    /// Period of the promotion loop (tenants measured, lanes created or retired).
+    pub promotion_tick: Duration,
 }
 
-/// Check the CRDs are installed, then run the ShardSet controller until
-/// `stop` resolves (SIGTERM, or lost leadership).
+impl Default for ControllerOptions {
+    fn default() -> Self {
+        Self {
+            namespace: None,
+            promotion_tick: Duration::from_secs(60),
+        }
+    }
+}
+
+/// Check the CRDs are installed, then run the ShardSet controller, the
+/// DedicatedLane controller and the promotion loop until `stop` resolves
+/// (SIGTERM, or lost leadership).
 pub async fn run(
     client: Client,
     opts: ControllerOptions,
@@ -99,7 +116,23 @@ pub async fn run(
             "cannot list ShardSets ({e}); are the CRDs installed? Run `kubectl apply -f crds/` (or `lanekeeper crds | kubectl apply -f -`)"
         );
     }
-    info!(namespace = ?opts.namespace, "controller started");
+    info!(namespace = ?opts.namespace, tick = ?opts.promotion_tick, "controller started");
+    let stop = futures::FutureExt::shared(stop);
+    let lanes_task = tokio::spawn(lane::run(ctx.clone(), opts.namespace.clone(), stop.clone()));
+    let promotion_task = {
+        let (ctx, ns, tick, stop) = (
+            ctx.clone(),
+            opts.namespace.clone(),
+            opts.promotion_tick,
+            stop.clone(),
+        );
+        tokio::spawn(async move {
+            tokio::select! {
+                _ = promotion::run(ctx, ns, tick) => {}
+                _ = stop => {}
+            }
+        })
+    };
     Controller::new(sets, watcher::Config::default().any_semantic())
         .owns(
             deployments,
@@ -122,6 +155,8 @@ pub async fn run(
             }
         })
         .await;
+    let _ = promotion_task.await;
+    let _ = lanes_task.await;
     info!("controller stopped");
     Ok(())
 }
@@ -251,7 +286,14 @@ async fn reconcile_inner(set: &ShardSet, ctx: &Context) -> Result<Action, Error>
     // Redis: routing table and queue policies, then attribution for status
     let redis = sync_redis(set, ctx).await;
 
-    let st = status::compute(set, &current, redis.as_ref());
+    let lane_api: Api<DedicatedLane> = Api::namespaced(ctx.client.clone(), &ns);
+    let all_lanes = lane_api.list(&ListParams::default()).await?.items;
+    let (admitted, waiting_for_cap) = lane::summary(&name, &all_lanes);
+    let lanes = status::Lanes {
+        admitted,
+        waiting_for_cap,
+    };
+    let st = status::compute(set, &current, lanes, redis.as_ref());
     let ready = st
         .conditions
         .iter()

@@ -18,7 +18,7 @@ pub struct RedisView {
 const TOP_TENANTS: usize = 10;
 
 /// A condition, keeping `lastTransitionTime` unless `status` flips.
-fn condition(
+pub(crate) fn condition(
     prev: &[Condition],
     type_: &str,
     status: bool,
@@ -106,19 +106,33 @@ pub fn invalid_spec(set: &ShardSet, message: &str) -> ShardSetStatus {
                 generation,
             ),
         ],
+        // Owned by the promotion loop's field manager.
+        promotion_candidates: Vec::new(),
+        demotion_candidates: Vec::new(),
         ..prev
     }
 }
 
-/// Status from the shard Deployments and what Redis said.
+/// The set's DedicatedLanes as its status needs them.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Lanes {
+    /// Lanes holding an index under the cap.
+    pub admitted: i32,
+    /// A lane waits because the cap is reached.
+    pub waiting_for_cap: bool,
+}
+
+/// Status from the shard Deployments, the lanes and what Redis said.
 pub fn compute(
     set: &ShardSet,
     deployments: &[&Deployment],
+    lanes: Lanes,
     redis: Result<&RedisView, &String>,
 ) -> ShardSetStatus {
     let prev = set.status.clone().unwrap_or_default();
     let generation = set.metadata.generation;
     let desired = set.spec.shards;
+    let max_lanes = set.spec.promotion.max_lanes;
     let ready = deployments.iter().filter(|d| shard_available(d)).count() as i32;
     let failures: Vec<String> = deployments
         .iter()
@@ -188,14 +202,28 @@ pub fn compute(
             degraded_message,
             generation,
         ),
-        condition(
-            &prev.conditions,
-            "LaneCapReached",
-            false,
-            "BelowCap",
-            format!("0 of {} lanes admitted", set.spec.promotion.max_lanes),
-            generation,
-        ),
+        if lanes.waiting_for_cap {
+            condition(
+                &prev.conditions,
+                "LaneCapReached",
+                true,
+                "LaneCapReached",
+                format!(
+                    "{} of {max_lanes} lanes admitted and another tenant waits for one: shape this set's ingest rather than adding lanes",
+                    lanes.admitted
+                ),
+                generation,
+            )
+        } else {
+            condition(
+                &prev.conditions,
+                "LaneCapReached",
+                false,
+                "BelowCap",
+                format!("{} of {max_lanes} lanes admitted", lanes.admitted),
+                generation,
+            )
+        },
         condition(
             &prev.conditions,
             "Resharding",
@@ -217,12 +245,14 @@ pub fn compute(
         shards_desired: desired,
         shards_ready: ready,
         ready_summary: Some(format!("{ready}/{desired}")),
-        lanes_used: 0,
-        lanes_max: set.spec.promotion.max_lanes,
-        lane_summary: Some(format!("0/{}", set.spec.promotion.max_lanes)),
+        lanes_used: lanes.admitted,
+        lanes_max: max_lanes,
+        lane_summary: Some(format!("{}/{max_lanes}", lanes.admitted)),
         skew_ratio,
         top_tenants,
-        promotion_candidates: prev.promotion_candidates,
+        // Owned by the promotion loop (its own field manager): left out here.
+        promotion_candidates: Vec::new(),
+        demotion_candidates: Vec::new(),
         resharding: None,
     }
 }
@@ -286,7 +316,7 @@ pub fn transitions(before: &ShardSetStatus, after: &ShardSetStatus) -> Vec<Trans
     after
         .conditions
         .iter()
-        .filter(|c| c.type_ == "Ready" || c.type_ == "Degraded")
+        .filter(|c| c.type_ == "Ready" || c.type_ == "Degraded" || c.type_ == "LaneCapReached")
         .filter(|c| {
             let old = before.conditions.iter().find(|o| o.type_ == c.type_);
             old.map(|o| o.status != c.status)
@@ -294,7 +324,7 @@ pub fn transitions(before: &ShardSetStatus, after: &ShardSetStatus) -> Vec<Trans
         })
         .map(|c| Transition {
             type_: c.type_.clone(),
-            warning: (c.type_ == "Degraded") == (c.status == "True"),
+            warning: (c.type_ == "Ready") != (c.status == "True"),
             reason: c.reason.clone(),
             note: format!("{}={}: {}", c.type_, c.status, c.message),
         })

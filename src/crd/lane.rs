@@ -107,6 +107,9 @@ pub enum LanePhase {
     Active,
     /// The tenant is being moved back to its hash shard.
     Retiring,
+    /// The tenant is back on its hash shard, the lane Deployment removed and
+    /// its index freed. A lane the promotion controller made is then deleted.
+    Retired,
     /// Relocation cannot proceed; see the conditions.
     Failed,
 }

@@ -634,6 +634,12 @@ pub struct ShardSetStatus {
     #[schemars(length(max = 64))]
     pub promotion_candidates: Vec<PromotionCandidate>,
 
+    /// Tenants on a dedicated lane whose share has fallen below `demoteShare`,
+    /// and since when; demoted once cold for `demoteAfter`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 64))]
+    pub demotion_candidates: Vec<DemotionCandidate>,
+
     /// Progress of a shard-count change, while one runs.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub resharding: Option<ReshardProgress>,
@@ -666,6 +672,20 @@ pub struct PromotionCandidate {
     pub share: f64,
     /// When the tenant became hot; it is promoted at `hotSince + promoteAfter`.
     pub hot_since: Time,
+}
+
+/// A tenant on a dedicated lane on its way back to its hash shard.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct DemotionCandidate {
+    /// Tenant id.
+    pub tenant: String,
+    /// The lane the tenant is served from (`lane-3`).
+    pub queue: String,
+    /// Latest share the tenant would have of its hash shard's worker-seconds.
+    pub share: f64,
+    /// When the tenant became cold; it is demoted at `coldSince + demoteAfter`.
+    pub cold_since: Time,
 }
 
 /// Progress of a reshard from `fromShards` to `toShards`.

@@ -1,0 +1,1138 @@
+//! The DedicatedLane reconciler: one tenant moved onto a lane of its own, or
+//! back to its hash shard, as a sequence of idempotent phases recorded in
+//! status (server-side apply, field manager `lanekeeper-lanes`), so a
+//! controller killed at any point resumes where it was.
+//!
+//! Promote: `Pending` (lane index assigned under the cap; lane Deployment
+//! applied) → `Pausing` (tenant paused in its source queue) → `Draining`
+//! (until nothing of it is queued, in flight or waiting to retry there) →
+//! `Repinning` (paused in the lane, routing pin, source marked moved, source
+//! hold buffer appended to the lane) → `Scaling` (until the lane Deployment
+//! is available; then the lane's hold buffer is appended and the tenant
+//! unpaused) → `Active`.
+//!
+//! Retire (`spec.retire`, or deletion through the finalizer): `Active` →
+//! `Retiring` (target: the tenant's hash shard) → `Pausing` → `Draining` →
+//! `Repinning` (pin removed) → `Scaling` (the shard resumed, the lane
+//! Deployment removed, the index freed) → `Retired`. Which way a phase goes
+//! is told by `status.targetQueue` (a lane or a shard).
+//!
+//! A drain that outlasts `relocation.drainTimeout` is aborted: the tenant is
+//! resumed where it was (hold buffer appended in order), `Relocating=False`
+//! with reason `DrainTimeout`, and the move is retried after a backoff.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::StreamExt;
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+use k8s_openapi::jiff::Timestamp;
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams};
+use kube::core::DeserializeGuard;
+use kube::runtime::controller::{Action, Controller};
+use kube::runtime::events::{Event, EventType, Recorder};
+use kube::runtime::watcher;
+use kube::{Resource, ResourceExt};
+use tracing::{info, warn};
+
+use crate::crd::{DedicatedLane, DedicatedLaneStatus, LanePhase, ShardSet, MAX_LANES};
+use crate::routing::{hash_shard, QueueId};
+use crate::scheduler::QueuePolicy;
+use crate::store::Store;
+
+use super::build::{deployment_name, lane_deployment, FIELD_MANAGER as APPLY_MANAGER};
+use super::status::{condition, shard_available};
+use super::Context;
+
+/// Field manager of DedicatedLane status (and of the finalizer and owner reference).
+pub const FIELD_MANAGER: &str = "lanekeeper-lanes";
+/// Finalizer that makes deleting a lane demote its tenant first.
+pub const FINALIZER: &str = "lanekeeper.io/relocation";
+/// Test hook: when set to a phase name, the controller process exits (code
+/// 86) right after doing that phase's work and before recording the next
+/// phase, to prove that every step can be repeated after a crash.
+pub const CRASH_HOOK_ENV: &str = "LANEKEEPER_TEST_CRASH_AFTER_PHASE";
+/// Longest pause between two drain attempts after `DrainTimeout`s.
+pub const MAX_DRAIN_BACKOFF: Duration = Duration::from_secs(600);
+
+/// How often a lane in motion is looked at again.
+const POLL: Duration = Duration::from_millis(250);
+
+/// Why a lane has no index.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Refusal {
+    /// `maxLanes` lanes of the set are admitted already (or earlier lanes wait).
+    LaneCapReached { used: usize, max: usize },
+    /// Another DedicatedLane of the set serves this tenant.
+    DuplicateTenant(String),
+}
+
+/// What the admission decision needs to know of one lane of the set.
+#[derive(Clone, Debug, PartialEq)]
+pub struct LaneSlot {
+    pub name: String,
+    pub tenant: String,
+    pub index: Option<i32>,
+    /// Waiting for an index (not retiring, not deleted).
+    pub waiting: bool,
+    pub created: Option<Timestamp>,
+}
+
+/// Admit lane `me` under the cap: the lowest free index, given to waiting
+/// lanes oldest first. Pure.
+pub fn admit(me: &str, lanes: &[LaneSlot], max_lanes: i32) -> Result<i32, Refusal> {
+    let mine = lanes.iter().find(|l| l.name == me);
+    if let Some(i) = mine.and_then(|l| l.index) {
+        return Ok(i);
+    }
+    if let Some(me_slot) = mine {
+        let older_same_tenant = lanes.iter().find(|l| {
+            l.name != me
+                && l.tenant == me_slot.tenant
+                && (l.index.is_some()
+                    || (l.waiting && (l.created, &l.name) < (me_slot.created, &me_slot.name)))
+        });
+        if let Some(other) = older_same_tenant {
+            return Err(Refusal::DuplicateTenant(other.name.clone()));
+        }
+    }
+    let max = max_lanes.clamp(1, MAX_LANES);
+    let used: Vec<i32> = lanes.iter().filter_map(|l| l.index).collect();
+    let free: Vec<i32> = (0..max).filter(|i| !used.contains(i)).collect();
+    let mut queue: Vec<&LaneSlot> = lanes
+        .iter()
+        .filter(|l| l.index.is_none() && l.waiting)
+        .collect();
+    queue.sort_by(|a, b| (a.created, &a.name).cmp(&(b.created, &b.name)));
+    let position = queue
+        .iter()
+        .position(|l| l.name == me)
+        .unwrap_or(queue.len());
+    free.get(position).copied().ok_or(Refusal::LaneCapReached {
+        used: used.len(),
+        max: max as usize,
+    })
+}
+
+/// What a drain check concludes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Drain {
+    Drained,
+    Wait,
+    /// Past the drain timeout: resume in place and retry later.
+    Abort,
+}
+
+/// Is the paused source drained, still draining, or past its timeout? Pure.
+pub fn drain_verdict(
+    drained: bool,
+    paused_at: Option<&Time>,
+    now: Timestamp,
+    timeout: Duration,
+) -> Drain {
+    if drained {
+        return Drain::Drained;
+    }
+    let waited = paused_at
+        .map(|t| (now.as_millisecond() - t.0.as_millisecond()).max(0) as u64)
+        .unwrap_or(0);
+    if Duration::from_millis(waited) >= timeout {
+        Drain::Abort
+    } else {
+        Drain::Wait
+    }
+}
+
+/// Wait before drain attempt `attempts + 1`: the drain timeout, doubling per
+/// aborted attempt, at most [`MAX_DRAIN_BACKOFF`]. Pure.
+pub fn drain_backoff(timeout: Duration, attempts: i32) -> Duration {
+    let factor = 2u32.saturating_pow(attempts.saturating_sub(1).clamp(0, 16) as u32);
+    timeout.saturating_mul(factor).min(MAX_DRAIN_BACKOFF)
+}
+
+/// Does this move go onto a lane (promotion) or back to a shard (retirement)?
+pub fn promoting(st: &DedicatedLaneStatus) -> bool {
+    !matches!(
+        st.target_queue.as_deref().and_then(|q| q.parse().ok()),
+        Some(QueueId::Shard(_))
+    )
+}
+
+/// The lane's conditions for its status. `refusal` is why it has no index;
+/// `note` overrides the Relocating reason and message (e.g. `DrainTimeout`). Pure.
+pub fn conditions(
+    st: &DedicatedLaneStatus,
+    refusal: Option<&Refusal>,
+    generation: Option<i64>,
+    max_lanes: i32,
+) -> Vec<Condition> {
+    let prev = &st.conditions;
+    let admitted = match (st.lane_index, refusal) {
+        (Some(i), _) => condition(
+            prev,
+            "Admitted",
+            true,
+            "UnderCap",
+            format!("lane {i} of {max_lanes}"),
+            generation,
+        ),
+        (None, Some(Refusal::LaneCapReached { used, max })) => condition(
+            prev,
+            "Admitted",
+            false,
+            "LaneCapReached",
+            format!("{used} of {max} lanes are admitted; this lane waits for one to be retired"),
+            generation,
+        ),
+        (None, Some(Refusal::DuplicateTenant(other))) => condition(
+            prev,
+            "Admitted",
+            false,
+            "DuplicateTenant",
+            format!("DedicatedLane {other} already serves this tenant"),
+            generation,
+        ),
+        (None, None) if st.phase == LanePhase::Retired => condition(
+            prev,
+            "Admitted",
+            false,
+            "Retired",
+            "the lane is retired and its index freed".to_string(),
+            generation,
+        ),
+        (None, None) => condition(
+            prev,
+            "Admitted",
+            false,
+            "Pending",
+            "waiting for a lane index".to_string(),
+            generation,
+        ),
+    };
+    let target = st.target_queue.clone().unwrap_or_default();
+    let source = st.source_queue.clone().unwrap_or_default();
+    let ready = match st.phase {
+        LanePhase::Active => condition(
+            prev,
+            "Ready",
+            true,
+            "Active",
+            format!("the tenant is served by {target}"),
+            generation,
+        ),
+        phase => condition(
+            prev,
+            "Ready",
+            false,
+            &format!("{phase:?}"),
+            format!("phase {phase:?}"),
+            generation,
+        ),
+    };
+    let moving = matches!(
+        st.phase,
+        LanePhase::Pausing
+            | LanePhase::Draining
+            | LanePhase::Repinning
+            | LanePhase::Scaling
+            | LanePhase::Retiring
+    );
+    let relocating = if moving {
+        condition(
+            prev,
+            "Relocating",
+            true,
+            if promoting(st) {
+                "Promoting"
+            } else {
+                "Retiring"
+            },
+            format!("moving from {source} to {target}"),
+            generation,
+        )
+    } else if st.next_attempt_at.is_some() {
+        let next = st
+            .next_attempt_at
+            .as_ref()
+            .map(|t| t.0.to_string())
+            .unwrap_or_default();
+        condition(
+            prev,
+            "Relocating",
+            false,
+            "DrainTimeout",
+            format!(
+                "{source} did not drain within the drain timeout ({} attempts); the tenant was resumed where it was; next attempt at {next}",
+                st.drain_attempts
+            ),
+            generation,
+        )
+    } else {
+        condition(
+            prev,
+            "Relocating",
+            false,
+            "Idle",
+            "no move under way".to_string(),
+            generation,
+        )
+    };
+    vec![ready, relocating, admitted]
+}
+
+fn refusal_of(lane: &DedicatedLane) -> Option<Refusal> {
+    let st = lane.status.as_ref()?;
+    let c = st.conditions.iter().find(|c| c.type_ == "Admitted")?;
+    (c.status == "False" && c.reason == "LaneCapReached")
+        .then_some(Refusal::LaneCapReached { used: 0, max: 0 })
+}
+
+/// Is this lane waiting because of the cap? (For the ShardSet's `LaneCapReached`.)
+pub fn waits_for_cap(lane: &DedicatedLane) -> bool {
+    refusal_of(lane).is_some() && lane.status.as_ref().is_some_and(|s| s.lane_index.is_none())
+}
+
+/// Run the DedicatedLane controller until `stop` resolves.
+pub async fn run(
+    ctx: Arc<Context>,
+    namespace: Option<String>,
+    stop: impl std::future::Future<Output = ()> + Send + Sync + 'static,
+) {
+    let lanes: Api<DeserializeGuard<DedicatedLane>> = match &namespace {
+        Some(ns) => Api::namespaced(ctx.client.clone(), ns),
+        None => Api::all(ctx.client.clone()),
+    };
+    Controller::new(lanes, watcher::Config::default().any_semantic())
+        .graceful_shutdown_on(stop)
+        .run(reconcile_guarded, error_policy, ctx)
+        .for_each(|res| async move {
+            if let Err(e) = res {
+                warn!(error = %e, "lane reconcile failed");
+            }
+        })
+        .await;
+}
+
+/// What can go wrong in a lane reconcile.
+#[derive(Debug, thiserror::Error)]
+pub enum LaneError {
+    #[error("Kubernetes API: {0}")]
+    Kube(#[from] kube::Error),
+    #[error("Redis: {0}")]
+    Store(String),
+    #[error("{0}")]
+    Other(String),
+}
+
+impl From<crate::store::StoreError> for LaneError {
+    fn from(e: crate::store::StoreError) -> Self {
+        LaneError::Store(e.to_string())
+    }
+}
+
+async fn reconcile_guarded(
+    obj: Arc<DeserializeGuard<DedicatedLane>>,
+    ctx: Arc<Context>,
+) -> Result<Action, LaneError> {
+    match &obj.0 {
+        Ok(lane) => {
+            ctx.metrics.reconciles.inc();
+            let started = std::time::Instant::now();
+            let r = reconcile(lane, &ctx).await;
+            ctx.metrics
+                .reconcile_duration
+                .observe(started.elapsed().as_secs_f64());
+            r
+        }
+        Err(_) => Ok(Action::await_change()),
+    }
+}
+
+fn error_policy(
+    _obj: Arc<DeserializeGuard<DedicatedLane>>,
+    err: &LaneError,
+    ctx: Arc<Context>,
+) -> Action {
+    let kind = match err {
+        LaneError::Kube(_) => "lane_kube",
+        LaneError::Store(_) => "lane_redis",
+        LaneError::Other(_) => "lane_other",
+    };
+    ctx.metrics
+        .reconcile_errors
+        .get_or_create(&crate::telemetry::ErrorLabels {
+            kind: kind.to_string(),
+        })
+        .inc();
+    Action::requeue(Duration::from_secs(2))
+}
+
+fn now() -> Timestamp {
+    Timestamp::now()
+}
+
+fn crash_hook(phase: LanePhase) {
+    if let Ok(p) = std::env::var(CRASH_HOOK_ENV) {
+        if p == format!("{phase:?}") {
+            warn!(
+                ?phase,
+                "test hook: exiting after the work of this phase, before recording the next"
+            );
+            std::process::exit(86);
+        }
+    }
+}
+
+struct Io<'a> {
+    ctx: &'a Context,
+    lanes: Api<DedicatedLane>,
+    lane: DedicatedLane,
+    set: ShardSet,
+    store: Store,
+}
+
+impl Io<'_> {
+    fn tenant(&self) -> &str {
+        &self.lane.spec.tenant
+    }
+
+    async fn write(
+        &mut self,
+        st: &DedicatedLaneStatus,
+        refusal: Option<&Refusal>,
+    ) -> Result<(), LaneError> {
+        let before = self.lane.status.clone().unwrap_or_default();
+        let mut st = st.clone();
+        st.observed_generation = self.lane.metadata.generation;
+        st.conditions = conditions(
+            &st,
+            refusal,
+            st.observed_generation,
+            self.set.spec.promotion.max_lanes,
+        );
+        if before.phase != st.phase {
+            st.phase_since = Some(Time(now()));
+            self.event(
+                EventType::Normal,
+                &format!("{:?}", st.phase),
+                format!(
+                    "phase {:?} -> {:?} ({} -> {})",
+                    before.phase,
+                    st.phase,
+                    st.source_queue.as_deref().unwrap_or("-"),
+                    st.target_queue.as_deref().unwrap_or("-")
+                ),
+            )
+            .await;
+        }
+        let flipped = |t: &str| {
+            let a = before.conditions.iter().find(|c| c.type_ == t);
+            let b = st.conditions.iter().find(|c| c.type_ == t);
+            match (a, b) {
+                (Some(a), Some(b)) => a.reason != b.reason || a.status != b.status,
+                (None, Some(_)) => true,
+                _ => false,
+            }
+        };
+        if flipped("Relocating") {
+            if let Some(c) = st
+                .conditions
+                .iter()
+                .find(|c| c.type_ == "Relocating" && c.reason == "DrainTimeout")
+            {
+                self.event(EventType::Warning, "DrainTimeout", c.message.clone())
+                    .await;
+            }
+        }
+        if flipped("Admitted") {
+            if let Some(c) = st.conditions.iter().find(|c| {
+                c.type_ == "Admitted"
+                    && c.status == "False"
+                    && c.reason != "Pending"
+                    && c.reason != "Retired"
+            }) {
+                self.event(EventType::Warning, &c.reason.clone(), c.message.clone())
+                    .await;
+            }
+        }
+        let patch = serde_json::json!({
+            "apiVersion": "lanekeeper.io/v1alpha1",
+            "kind": "DedicatedLane",
+            "status": st,
+        });
+        let updated = self
+            .lanes
+            .patch_status(
+                &self.lane.name_any(),
+                &PatchParams::apply(FIELD_MANAGER).force(),
+                &Patch::Apply(&patch),
+            )
+            .await?;
+        self.lane = updated;
+        Ok(())
+    }
+
+    async fn event(&self, type_: EventType, reason: &str, note: String) {
+        let recorder = Recorder::new(self.ctx.client.clone(), self.ctx.reporter.clone());
+        let event = Event {
+            type_,
+            reason: reason.to_string(),
+            note: Some(note),
+            action: "Relocate".to_string(),
+            secondary: None,
+        };
+        if let Err(e) = recorder.publish(&event, &self.lane.object_ref(&())).await {
+            warn!(error = %e, "cannot record an event");
+        }
+    }
+
+    async fn apply_deployment(&self, index: i32) -> Result<(), LaneError> {
+        let d = lane_deployment(&self.set, &self.lane, index as u8)
+            .map_err(|e| LaneError::Other(e.to_string()))?;
+        let ns = self.lane.namespace().unwrap_or_default();
+        let api: Api<Deployment> = Api::namespaced(self.ctx.client.clone(), &ns);
+        let name = d.metadata.name.clone().unwrap_or_default();
+        api.patch(
+            &name,
+            &PatchParams::apply(APPLY_MANAGER).force(),
+            &Patch::Apply(&d),
+        )
+        .await?;
+        Ok(())
+    }
+
+    async fn deployment_available(&self, index: i32) -> Result<bool, LaneError> {
+        let ns = self.lane.namespace().unwrap_or_default();
+        let api: Api<Deployment> = Api::namespaced(self.ctx.client.clone(), &ns);
+        let name = deployment_name(&self.set.name_any(), QueueId::Lane(index as u8));
+        Ok(api
+            .get_opt(&name)
+            .await?
+            .is_some_and(|d| shard_available(&d)))
+    }
+
+    async fn delete_deployment(&self, index: i32) -> Result<(), LaneError> {
+        let ns = self.lane.namespace().unwrap_or_default();
+        let api: Api<Deployment> = Api::namespaced(self.ctx.client.clone(), &ns);
+        let name = deployment_name(&self.set.name_any(), QueueId::Lane(index as u8));
+        match api.delete(&name, &DeleteParams::background()).await {
+            Ok(_) => Ok(()),
+            Err(kube::Error::Api(e)) if e.code == 404 => Ok(()),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// Index under the cap, decided under the context's admission lock
+    /// against a fresh list, and recorded before the lock is released.
+    async fn admit(&mut self, st: &mut DedicatedLaneStatus) -> Result<Option<Refusal>, LaneError> {
+        let _guard = self.ctx.admission.lock().await;
+        let set_name = self.set.name_any();
+        let slots: Vec<LaneSlot> = self
+            .lanes
+            .list(&ListParams::default())
+            .await?
+            .items
+            .iter()
+            .filter(|l| l.spec.shard_set == set_name)
+            .map(|l| {
+                let s = l.status.clone().unwrap_or_default();
+                LaneSlot {
+                    name: l.name_any(),
+                    tenant: l.spec.tenant.clone(),
+                    index: s.lane_index,
+                    waiting: s.lane_index.is_none()
+                        && !l.spec.retire
+                        && l.metadata.deletion_timestamp.is_none()
+                        && s.phase != LanePhase::Retired,
+                    created: l.metadata.creation_timestamp.as_ref().map(|t| t.0),
+                }
+            })
+            .collect();
+        match admit(
+            &self.lane.name_any(),
+            &slots,
+            self.set.spec.promotion.max_lanes,
+        ) {
+            Ok(i) => {
+                st.lane_index = Some(i);
+                self.write(st, None).await?;
+                Ok(None)
+            }
+            Err(r) => {
+                self.write(st, Some(&r)).await?;
+                Ok(Some(r))
+            }
+        }
+    }
+
+    async fn remove_finalizer(&self) -> Result<(), LaneError> {
+        let finalizers: Vec<String> = self
+            .lane
+            .finalizers()
+            .iter()
+            .filter(|f| f.as_str() != FINALIZER)
+            .cloned()
+            .collect();
+        let patch = serde_json::json!({
+            "metadata": {
+                "finalizers": finalizers,
+                "resourceVersion": self.lane.resource_version(),
+            }
+        });
+        match self
+            .lanes
+            .patch(
+                &self.lane.name_any(),
+                &PatchParams::default(),
+                &Patch::Merge(&patch),
+            )
+            .await
+        {
+            Ok(_) => Ok(()),
+            Err(kube::Error::Api(e)) if e.code == 404 => Ok(()),
+            Err(e) => Err(e.into()),
+        }
+    }
+}
+
+/// One reconcile: run phase steps until the lane must wait for something.
+async fn reconcile(cached: &DedicatedLane, ctx: &Context) -> Result<Action, LaneError> {
+    let ns = cached.namespace().unwrap_or_default();
+    let name = cached.name_any();
+    let lanes: Api<DedicatedLane> = Api::namespaced(ctx.client.clone(), &ns);
+    // The cache may trail our own last status write: read it fresh.
+    let Some(lane) = lanes.get_opt(&name).await? else {
+        return Ok(Action::await_change());
+    };
+    let deleting = lane.metadata.deletion_timestamp.is_some();
+    let sets: Api<ShardSet> = Api::namespaced(ctx.client.clone(), &ns);
+    let Some(set) = sets.get_opt(&lane.spec.shard_set).await? else {
+        if deleting {
+            // Nothing to move back to: the set (and its Redis routing) is gone.
+            let io_lane = lane.clone();
+            let finalizers: Vec<String> = io_lane
+                .finalizers()
+                .iter()
+                .filter(|f| f.as_str() != FINALIZER)
+                .cloned()
+                .collect();
+            let _ = lanes
+                .patch(
+                    &name,
+                    &PatchParams::default(),
+                    &Patch::Merge(serde_json::json!({"metadata": {"finalizers": finalizers}})),
+                )
+                .await;
+            return Ok(Action::await_change());
+        }
+        let mut st = lane.status.clone().unwrap_or_default();
+        st.phase = LanePhase::Failed;
+        let mut conds = st.conditions.clone();
+        conds.retain(|c| c.type_ != "Admitted");
+        conds.push(condition(
+            &st.conditions,
+            "Admitted",
+            false,
+            "ShardSetNotFound",
+            format!("ShardSet {} does not exist in {ns}", lane.spec.shard_set),
+            lane.metadata.generation,
+        ));
+        st.conditions = conds;
+        let patch = serde_json::json!({"apiVersion": "lanekeeper.io/v1alpha1", "kind": "DedicatedLane", "status": st});
+        lanes
+            .patch_status(
+                &name,
+                &PatchParams::apply(FIELD_MANAGER).force(),
+                &Patch::Apply(&patch),
+            )
+            .await?;
+        return Ok(Action::requeue(Duration::from_secs(30)));
+    };
+
+    // Finalizer and owner reference, by server-side apply (idempotent).
+    if !deleting
+        && (!lane.finalizers().iter().any(|f| f == FINALIZER) || lane.owner_references().is_empty())
+    {
+        let mut meta = serde_json::json!({ "finalizers": [FINALIZER] });
+        if lane.owner_references().is_empty() {
+            if let Some(mut o) = set.controller_owner_ref(&()) {
+                o.controller = Some(false);
+                meta["ownerReferences"] = serde_json::json!([o]);
+            }
+        }
+        let patch = serde_json::json!({
+            "apiVersion": "lanekeeper.io/v1alpha1",
+            "kind": "DedicatedLane",
+            "metadata": meta,
+        });
+        lanes
+            .patch(
+                &name,
+                &PatchParams::apply(FIELD_MANAGER).force(),
+                &Patch::Apply(&patch),
+            )
+            .await?;
+    }
+
+    let store = super::store_for(&set, ctx)
+        .await
+        .map_err(LaneError::Store)?;
+    let mut io = Io {
+        ctx,
+        lanes: lanes.clone(),
+        lane,
+        set,
+        store,
+    };
+    let action = step_until_wait(&mut io).await?;
+    if deleting
+        && io.lane.status.as_ref().is_some_and(|s| {
+            s.phase == LanePhase::Retired
+                || (s.lane_index.is_none() && s.phase == LanePhase::Pending)
+        })
+    {
+        io.remove_finalizer().await?;
+        info!(lane = %name, "finalizer removed; the tenant is on its hash shard");
+        return Ok(Action::await_change());
+    }
+    Ok(action)
+}
+
+async fn step_until_wait(io: &mut Io<'_>) -> Result<Action, LaneError> {
+    let drain_timeout: Duration = io.set.spec.relocation.drain_timeout.into();
+    for _ in 0..32 {
+        let deleting = io.lane.metadata.deletion_timestamp.is_some();
+        let want_out = deleting || io.lane.spec.retire;
+        let mut st = io.lane.status.clone().unwrap_or_default();
+        let tenant = io.tenant().to_string();
+        let source: Option<QueueId> = st.source_queue.as_deref().and_then(|q| q.parse().ok());
+        let target: Option<QueueId> = st.target_queue.as_deref().and_then(|q| q.parse().ok());
+        let waiting_out = st.next_attempt_at.as_ref().is_some_and(|t| t.0 > now());
+        let retry_in = || {
+            st.next_attempt_at
+                .as_ref()
+                .map(|t| {
+                    Duration::from_millis(
+                        (t.0.as_millisecond() - now().as_millisecond()).max(0) as u64 + 50,
+                    )
+                })
+                .unwrap_or(POLL)
+        };
+        let phase = st.phase;
+        match phase {
+            LanePhase::Pending | LanePhase::Failed => {
+                if want_out {
+                    if let Some(i) = st.lane_index {
+                        io.delete_deployment(i).await?;
+                    }
+                    crash_hook(phase);
+                    st.lane_index = None;
+                    st.phase = LanePhase::Retired;
+                    st.next_attempt_at = None;
+                    io.write(&st, None).await?;
+                    continue;
+                }
+                if waiting_out {
+                    io.write(&st, None).await?;
+                    return Ok(Action::requeue(retry_in()));
+                }
+                if st.lane_index.is_none() {
+                    if let Some(_refused) = io.admit(&mut st).await? {
+                        return Ok(Action::requeue(Duration::from_secs(2)));
+                    }
+                }
+                let index = st.lane_index.unwrap_or(0);
+                let lane_q = QueueId::Lane(index as u8);
+                let routing = io.store.routing().await?;
+                let from = routing.route(&tenant);
+                io.store
+                    .configure_queue(lane_q, &QueuePolicy::from_spec(&io.set.spec))
+                    .await?;
+                io.apply_deployment(index).await?;
+                crash_hook(phase);
+                if from == lane_q {
+                    // Pinned here already (a crash after Repinning of an
+                    // earlier record): finish the move.
+                    st.source_queue = Some(hash_shard(&tenant, routing.shards).to_string());
+                    st.target_queue = Some(lane_q.to_string());
+                    st.phase = LanePhase::Scaling;
+                } else {
+                    st.source_queue = Some(from.to_string());
+                    st.target_queue = Some(lane_q.to_string());
+                    st.phase = LanePhase::Pausing;
+                }
+                st.held_envelopes = 0;
+                io.write(&st, None).await?;
+            }
+            LanePhase::Pausing => {
+                let (Some(from), Some(_)) = (source, target) else {
+                    st.phase = LanePhase::Pending;
+                    io.write(&st, None).await?;
+                    continue;
+                };
+                if want_out && promoting(&st) {
+                    io.store.resume(from, &tenant).await?;
+                    st.phase = LanePhase::Pending;
+                    io.write(&st, None).await?;
+                    continue;
+                }
+                io.store.pause(from, &tenant).await?;
+                crash_hook(phase);
+                st.paused_at = Some(Time(now()));
+                st.phase = LanePhase::Draining;
+                io.write(&st, None).await?;
+            }
+            LanePhase::Draining => {
+                let (Some(from), Some(_)) = (source, target) else {
+                    st.phase = LanePhase::Pending;
+                    io.write(&st, None).await?;
+                    continue;
+                };
+                if want_out && promoting(&st) {
+                    io.store.resume(from, &tenant).await?;
+                    st.phase = LanePhase::Pending;
+                    st.paused_at = None;
+                    io.write(&st, None).await?;
+                    continue;
+                }
+                let state = io.store.tenant_state(from, &tenant).await?;
+                st.held_envelopes = state.held as i64;
+                match drain_verdict(state.drained(), st.paused_at.as_ref(), now(), drain_timeout) {
+                    Drain::Drained => {
+                        crash_hook(phase);
+                        st.phase = LanePhase::Repinning;
+                        io.write(&st, None).await?;
+                    }
+                    Drain::Wait => {
+                        if st.held_envelopes
+                            != io
+                                .lane
+                                .status
+                                .as_ref()
+                                .map(|s| s.held_envelopes)
+                                .unwrap_or(0)
+                        {
+                            io.write(&st, None).await?;
+                        }
+                        return Ok(Action::requeue(POLL));
+                    }
+                    Drain::Abort => {
+                        io.store.resume(from, &tenant).await?;
+                        st.drain_attempts += 1;
+                        let wait = drain_backoff(drain_timeout, st.drain_attempts);
+                        st.next_attempt_at = Some(Time(
+                            now()
+                                .checked_add(
+                                    k8s_openapi::jiff::SignedDuration::try_from(wait)
+                                        .unwrap_or_default(),
+                                )
+                                .unwrap_or_else(|_| now()),
+                        ));
+                        st.paused_at = None;
+                        st.held_envelopes = 0;
+                        warn!(lane = %io.lane.name_any(), %tenant, from = %from, attempts = st.drain_attempts, "drain timed out; resumed in place");
+                        st.phase = if promoting(&st) {
+                            LanePhase::Pending
+                        } else {
+                            LanePhase::Active
+                        };
+                        if st.phase == LanePhase::Active {
+                            // Back on the lane it never left.
+                            st.target_queue = Some(from.to_string());
+                            st.source_queue = None;
+                        }
+                        io.write(&st, None).await?;
+                        return Ok(Action::requeue(wait));
+                    }
+                }
+            }
+            LanePhase::Repinning => {
+                let (Some(from), Some(to)) = (source, target) else {
+                    return Err(LaneError::Other(
+                        "Repinning without source and target queues".into(),
+                    ));
+                };
+                io.store.pause(to, &tenant).await?;
+                match to {
+                    QueueId::Lane(_) => io.store.pin(&tenant, to).await?,
+                    QueueId::Shard(_) => io.store.unpin(&tenant).await?,
+                };
+                if !io.store.mark_moved(from, &tenant, to).await? {
+                    // Something arrived after all (not drained): drain again.
+                    st.phase = LanePhase::Draining;
+                    io.write(&st, None).await?;
+                    continue;
+                }
+                io.store.move_hold(from, to, &tenant).await?;
+                crash_hook(phase);
+                st.phase = LanePhase::Scaling;
+                io.write(&st, None).await?;
+            }
+            LanePhase::Scaling => {
+                let Some(to) = target else {
+                    return Err(LaneError::Other("Scaling without a target queue".into()));
+                };
+                if promoting(&st) {
+                    let index = st.lane_index.unwrap_or(0);
+                    io.apply_deployment(index).await?;
+                    if !io.deployment_available(index).await? {
+                        return Ok(Action::requeue(POLL));
+                    }
+                    io.store.resume(to, &tenant).await?;
+                    crash_hook(phase);
+                    st.phase = LanePhase::Active;
+                    st.active_since = Some(Time(now()));
+                } else {
+                    io.store.resume(to, &tenant).await?;
+                    if let Some(i) = st.lane_index {
+                        io.delete_deployment(i).await?;
+                    }
+                    crash_hook(phase);
+                    st.phase = LanePhase::Retired;
+                    st.lane_index = None;
+                }
+                st.drain_attempts = 0;
+                st.next_attempt_at = None;
+                st.paused_at = None;
+                st.held_envelopes = 0;
+                io.write(&st, None).await?;
+            }
+            LanePhase::Active => {
+                if want_out && !waiting_out {
+                    let routing = io.store.routing().await?;
+                    let Some(index) = st.lane_index else {
+                        st.phase = LanePhase::Pending;
+                        io.write(&st, None).await?;
+                        continue;
+                    };
+                    st.source_queue = Some(QueueId::Lane(index as u8).to_string());
+                    st.target_queue = Some(hash_shard(&tenant, routing.shards).to_string());
+                    st.phase = LanePhase::Retiring;
+                    io.write(&st, None).await?;
+                    continue;
+                }
+                if let Some(i) = st.lane_index {
+                    io.apply_deployment(i).await?;
+                }
+                // Keep the conditions (and observedGeneration) current.
+                let before = io.lane.status.clone().unwrap_or_default();
+                let mut probe = st.clone();
+                probe.observed_generation = io.lane.metadata.generation;
+                probe.conditions = conditions(
+                    &probe,
+                    None,
+                    probe.observed_generation,
+                    io.set.spec.promotion.max_lanes,
+                );
+                if probe.conditions != before.conditions
+                    || before.observed_generation != io.lane.metadata.generation
+                {
+                    io.write(&st, None).await?;
+                }
+                return Ok(if waiting_out {
+                    Action::requeue(retry_in())
+                } else {
+                    Action::requeue(Duration::from_secs(30))
+                });
+            }
+            LanePhase::Retiring => {
+                st.phase = LanePhase::Pausing;
+                io.write(&st, None).await?;
+            }
+            LanePhase::Retired => {
+                if io.lane.metadata.deletion_timestamp.is_some() {
+                    return Ok(Action::await_change());
+                }
+                if !io.lane.spec.retire {
+                    st.phase = LanePhase::Pending;
+                    st.source_queue = None;
+                    st.target_queue = None;
+                    io.write(&st, None).await?;
+                    continue;
+                }
+                let from_promotion = io
+                    .lane
+                    .labels()
+                    .get(super::promotion::ORIGIN_LABEL)
+                    .is_some_and(|v| v == super::promotion::ORIGIN_PROMOTION);
+                if from_promotion {
+                    info!(lane = %io.lane.name_any(), "retired lane made by promotion: deleting it");
+                    match io
+                        .lanes
+                        .delete(&io.lane.name_any(), &DeleteParams::default())
+                        .await
+                    {
+                        Ok(_) => {}
+                        Err(kube::Error::Api(e)) if e.code == 404 => {}
+                        Err(e) => return Err(e.into()),
+                    }
+                }
+                // Keep conditions current (the Admitted reason).
+                let before = io.lane.status.clone().unwrap_or_default();
+                let mut probe = st.clone();
+                probe.conditions = conditions(
+                    &probe,
+                    None,
+                    io.lane.metadata.generation,
+                    io.set.spec.promotion.max_lanes,
+                );
+                if probe.conditions != before.conditions {
+                    io.write(&st, None).await?;
+                }
+                return Ok(Action::await_change());
+            }
+        }
+    }
+    Ok(Action::requeue(POLL))
+}
+
+/// Lanes of a set, by the facts the ShardSet status needs: admitted count and
+/// whether one waits for the cap.
+pub fn summary(set: &str, lanes: &[DedicatedLane]) -> (i32, bool) {
+    let mine: Vec<&DedicatedLane> = lanes.iter().filter(|l| l.spec.shard_set == set).collect();
+    let used = mine
+        .iter()
+        .filter(|l| l.status.as_ref().and_then(|s| s.lane_index).is_some())
+        .count() as i32;
+    let waiting = mine.iter().any(|l| waits_for_cap(l));
+    (used, waiting)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn slot(name: &str, tenant: &str, index: Option<i32>, created: i64) -> LaneSlot {
+        LaneSlot {
+            name: name.into(),
+            tenant: tenant.into(),
+            index,
+            waiting: index.is_none(),
+            created: Some(Timestamp::from_second(1_000 + created).unwrap()),
+        }
+    }
+
+    #[test]
+    fn admission_gives_the_lowest_free_index_oldest_first() {
+        let lanes = vec![
+            slot("a", "ta", Some(0), 0),
+            slot("b", "tb", Some(2), 1),
+            slot("c", "tc", None, 5),
+            slot("d", "td", None, 3),
+        ];
+        assert_eq!(admit("a", &lanes, 8), Ok(0));
+        assert_eq!(admit("d", &lanes, 8), Ok(1));
+        assert_eq!(admit("c", &lanes, 8), Ok(3));
+        // Cap 3: one index free (1); d is older than c, so d gets it.
+        assert_eq!(admit("d", &lanes, 3), Ok(1));
+        assert_eq!(
+            admit("c", &lanes, 3),
+            Err(Refusal::LaneCapReached { used: 2, max: 3 })
+        );
+    }
+
+    #[test]
+    fn eight_admitted_the_ninth_waits_then_gets_the_freed_index() {
+        let mut lanes: Vec<LaneSlot> = (0..8)
+            .map(|i| slot(&format!("l{i}"), &format!("t{i}"), Some(i), i as i64))
+            .collect();
+        lanes.push(slot("l8", "t8", None, 9));
+        assert_eq!(
+            admit("l8", &lanes, 8),
+            Err(Refusal::LaneCapReached { used: 8, max: 8 })
+        );
+        lanes[5].index = None; // retired
+        lanes[5].waiting = false;
+        assert_eq!(admit("l8", &lanes, 8), Ok(5));
+        // maxLanes above 8 is clamped.
+        assert_eq!(admit("l8", &lanes, 99), Ok(5));
+    }
+
+    #[test]
+    fn one_tenant_one_lane() {
+        let lanes = vec![slot("a", "whale", Some(0), 0), slot("b", "whale", None, 1)];
+        assert_eq!(
+            admit("b", &lanes, 8),
+            Err(Refusal::DuplicateTenant("a".into()))
+        );
+    }
+
+    #[test]
+    fn drain_verdicts_and_backoff() {
+        let t0 = Timestamp::from_second(1_000).unwrap();
+        let paused = Time(t0);
+        let at = |s: i64| Timestamp::from_second(1_000 + s).unwrap();
+        let timeout = Duration::from_secs(10);
+        assert_eq!(
+            drain_verdict(true, Some(&paused), at(100), timeout),
+            Drain::Drained
+        );
+        assert_eq!(
+            drain_verdict(false, Some(&paused), at(9), timeout),
+            Drain::Wait
+        );
+        assert_eq!(
+            drain_verdict(false, Some(&paused), at(10), timeout),
+            Drain::Abort
+        );
+        assert_eq!(drain_backoff(timeout, 1), Duration::from_secs(10));
+        assert_eq!(drain_backoff(timeout, 2), Duration::from_secs(20));
+        assert_eq!(drain_backoff(timeout, 3), Duration::from_secs(40));
+        assert_eq!(drain_backoff(timeout, 30), MAX_DRAIN_BACKOFF);
+    }
+
+    #[test]
+    fn conditions_follow_the_phase() {
+        let mut st = DedicatedLaneStatus {
+            phase: LanePhase::Draining,
+            lane_index: Some(2),
+            source_queue: Some("shard-03".into()),
+            target_queue: Some("lane-2".into()),
+            ..Default::default()
+        };
+        let get = |cs: &[Condition], t: &str| {
+            let c = cs.iter().find(|c| c.type_ == t).unwrap().clone();
+            (c.status, c.reason)
+        };
+        let cs = conditions(&st, None, Some(1), 8);
+        assert_eq!(get(&cs, "Relocating"), ("True".into(), "Promoting".into()));
+        assert_eq!(get(&cs, "Admitted"), ("True".into(), "UnderCap".into()));
+        assert_eq!(get(&cs, "Ready"), ("False".into(), "Draining".into()));
+        assert!(promoting(&st));
+
+        st.phase = LanePhase::Pending;
+        st.drain_attempts = 1;
+        st.next_attempt_at = Some(Time(Timestamp::from_second(2_000).unwrap()));
+        let cs = conditions(&st, None, Some(1), 8);
+        assert_eq!(
+            get(&cs, "Relocating"),
+            ("False".into(), "DrainTimeout".into())
+        );
+
+        st.phase = LanePhase::Active;
+        st.next_attempt_at = None;
+        let cs = conditions(&st, None, Some(1), 8);
+        assert_eq!(get(&cs, "Ready"), ("True".into(), "Active".into()));
+        assert_eq!(get(&cs, "Relocating"), ("False".into(), "Idle".into()));
+
+        st.phase = LanePhase::Retiring;
+        st.source_queue = Some("lane-2".into());
+        st.target_queue = Some("shard-03".into());
+        assert!(!promoting(&st));
+        let cs = conditions(&st, None, Some(1), 8);
+        assert_eq!(get(&cs, "Relocating"), ("True".into(), "Retiring".into()));
+
+        let waiting = DedicatedLaneStatus::default();
+        let cs = conditions(
+            &waiting,
+            Some(&Refusal::LaneCapReached { used: 8, max: 8 }),
+            Some(1),
+            8,
+        );
+        assert_eq!(
+            get(&cs, "Admitted"),
+            ("False".into(), "LaneCapReached".into())
+        );
+    }
+}
