@@ -6,6 +6,7 @@ pub mod controller;
 pub mod crd;
 pub mod endpoint;
 pub mod envelope;
+pub mod ingest;
 pub mod producer;
 pub mod routing;
 pub mod scheduler;

@@ -75,6 +75,29 @@ enum Command {
         election: Election,
     },
 
+    /// Serve the ingest API: producers post events over HTTP.
+    ///
+    /// Events are validated, routed and enqueued (following MOVED answers,
+    /// held while their tenant moves); endpoints, dead letters and tenant
+    /// stats are managed under /v1/tenants/{tenant}. The OpenAPI document is
+    /// at /v1/openapi.json; /metrics, /healthz and /readyz share the port.
+    /// SIGTERM stops accepting and lets requests in flight finish.
+    Ingest(Box<IngestArgs>),
+
+    /// Make a new API key for ingest: prints the key (give it to the
+    /// producer, once) and the entry for the api keys file (its SHA-256 only).
+    IngestKey {
+        /// Name of the key, for logs.
+        #[arg(long)]
+        name: String,
+        /// The tenant the key may act for.
+        #[arg(long, conflicts_with = "admin", required_unless_present = "admin")]
+        tenant: Option<String>,
+        /// The key may act for every tenant.
+        #[arg(long)]
+        admin: bool,
+    },
+
     /// Show which tenants own each queue's backlog and capacity.
     ///
     /// For every queue of a ShardSet: tenant, outstanding depth, its share of
@@ -90,6 +113,39 @@ enum Command {
         #[arg(long, default_value_t = 10)]
         limit: usize,
     },
+}
+
+#[derive(clap::Args, Debug)]
+struct IngestArgs {
+    #[command(flatten)]
+    target: RedisTarget,
+    /// Address to serve the API (and /metrics, /healthz, /readyz) on.
+    #[arg(long, env = "LANEKEEPER_LISTEN", default_value = "0.0.0.0:8080")]
+    listen: std::net::SocketAddr,
+    /// The api keys file (YAML with SHA-256 hashes; see `lanekeeper ingest-key`),
+    /// usually a mounted Secret. Re-read when it changes.
+    #[arg(long, env = "LANEKEEPER_API_KEYS")]
+    api_keys: PathBuf,
+    /// Most envelopes a tenant may have waiting (queued, held, retrying or in
+    /// flight) before its posts get 429. 0: no limit.
+    #[arg(long, env = "LANEKEEPER_BACKLOG_LIMIT", default_value_t = 1_000_000)]
+    backlog_limit: u64,
+    /// A tenant's own backlog limit, as tenant=limit. Repeat, or comma-separate.
+    #[arg(long = "backlog-limit-for", env = "LANEKEEPER_BACKLOG_LIMIT_FOR", value_delimiter = ',',
+          value_parser = lanekeeper::ingest::BacklogLimits::parse_override)]
+    backlog_limit_for: Vec<(String, u64)>,
+    /// Largest payload of one event, in bytes.
+    #[arg(long, env = "LANEKEEPER_MAX_PAYLOAD_BYTES", default_value_t = 256 * 1024)]
+    max_payload_bytes: usize,
+    /// Largest request body, in bytes.
+    #[arg(long, env = "LANEKEEPER_MAX_BODY_BYTES", default_value_t = 64 * 1024 * 1024)]
+    max_body_bytes: usize,
+    /// Most events in one batch.
+    #[arg(long, env = "LANEKEEPER_MAX_BATCH_ITEMS", default_value_t = 10_000)]
+    max_batch_items: usize,
+    /// Longest wait for Redis before answering 503.
+    #[arg(long, env = "LANEKEEPER_REDIS_TIMEOUT", default_value = "2s")]
+    redis_timeout: kube::core::Duration,
 }
 
 #[derive(clap::Args, Debug)]
@@ -209,6 +265,12 @@ fn main() -> ExitCode {
             limit,
         } => runtime().and_then(|rt| rt.block_on(top(target, window.into(), limit))),
         Command::Worker(args) => runtime().and_then(|rt| rt.block_on(worker(*args))),
+        Command::Ingest(args) => runtime().and_then(|rt| rt.block_on(ingest(*args))),
+        Command::IngestKey {
+            name,
+            tenant,
+            admin,
+        } => ingest_key(&name, tenant.as_deref(), admin),
         Command::Controller {
             namespace,
             metrics_addr,
@@ -332,6 +394,63 @@ async fn top(target: RedisTarget, window: std::time::Duration, limit: usize) -> 
             );
         }
     }
+    Ok(())
+}
+
+async fn ingest(args: IngestArgs) -> anyhow::Result<()> {
+    use anyhow::Context;
+    let store = args.target.connect().await?;
+    let keys = lanekeeper::ingest::auth::Keys::load(&args.api_keys)?;
+    if keys.current().is_empty() {
+        tracing::warn!(path = %args.api_keys.display(), "the api keys file lists no keys: every request will get 401");
+    }
+    let _watch = keys.watch(std::time::Duration::from_secs(2));
+    let config = lanekeeper::ingest::Config {
+        max_payload_bytes: args.max_payload_bytes,
+        max_body_bytes: args.max_body_bytes,
+        max_batch_items: args.max_batch_items,
+        backlog: lanekeeper::ingest::BacklogLimits {
+            default: (args.backlog_limit > 0).then_some(args.backlog_limit),
+            overrides: args.backlog_limit_for.into_iter().collect(),
+        },
+        redis_timeout: args.redis_timeout.into(),
+        ..Default::default()
+    };
+    let ingest = lanekeeper::ingest::Ingest::new(
+        store,
+        keys,
+        config,
+        lanekeeper::telemetry::IngestMetrics::default(),
+    );
+    let mut stop = lanekeeper::worker::stop_on_signals();
+    let (bound, task) = lanekeeper::ingest::serve(args.listen, ingest, async move {
+        let _ = stop.wait_for(|s| *s).await;
+    })
+    .await
+    .with_context(|| format!("listening on {}", args.listen))?;
+    tracing::info!(%bound, "ingest API listening");
+    task.await??;
+    tracing::info!("ingest stopped");
+    Ok(())
+}
+
+fn ingest_key(name: &str, tenant: Option<&str>, admin: bool) -> anyhow::Result<()> {
+    use lanekeeper::ingest::auth;
+    if let Some(t) = tenant {
+        lanekeeper::envelope::validate_tenant(t)?;
+    }
+    let key = auth::generate_key();
+    println!("key (give it to the producer; it is not stored anywhere): {key}");
+    println!("entry for the api keys file:");
+    let scope = match tenant {
+        Some(t) if !admin => format!("tenant: {}", serde_json::to_string(t)?),
+        _ => "admin: true".to_string(),
+    };
+    println!(
+        "  - {{name: {}, sha256: {}, {scope}}}",
+        serde_json::to_string(name)?,
+        auth::hash_key_hex(&key)
+    );
     Ok(())
 }
 

@@ -1,6 +1,7 @@
 //! The in-process producer: route a tenant's envelope to its queue and
 //! enqueue it, following MOVED answers. The ingest API builds on this.
 
+use std::collections::BTreeMap;
 use std::time::Duration;
 
 use crate::envelope::Envelope;
@@ -26,21 +27,78 @@ impl Producer {
     /// Enqueue one envelope where its tenant is routed now. Returns the queue
     /// it went to and what happened there (queued, held or duplicate).
     pub async fn send(&self, env: &Envelope) -> Result<(QueueId, EnqueueOutcome)> {
-        env.validate()?;
+        let mut out = self.send_batch(std::slice::from_ref(env), |_| None).await?;
+        out.pop().expect("one result per envelope")
+    }
+
+    /// Enqueue envelopes where their tenants are routed now, each queue's
+    /// share in one pipelined call, following MOVED answers. `limit` gives a
+    /// tenant's backlog limit (see [`Store::enqueue_batch_limited`]). One
+    /// result per envelope, in order; an invalid envelope gets its error and
+    /// the others are stored.
+    pub async fn send_batch(
+        &self,
+        envs: &[Envelope],
+        limit: impl Fn(&str) -> Option<u64>,
+    ) -> Result<Vec<Result<(QueueId, EnqueueOutcome)>>> {
+        let mut results: Vec<Option<Result<(QueueId, EnqueueOutcome)>>> =
+            (0..envs.len()).map(|_| None).collect();
+        let mut pending: Vec<usize> = (0..envs.len()).collect();
         let mut table = self.routing.table().await?;
-        for _ in 0..=MAX_REDIRECTS {
-            let q = table.route(&env.tenant);
-            match self.routing.store().enqueue(q, env).await? {
-                EnqueueOutcome::Moved(_) => table = self.routing.refresh().await?,
-                outcome => return Ok((q, outcome)),
+        for attempt in 0..=MAX_REDIRECTS {
+            if pending.is_empty() {
+                break;
+            }
+            if attempt > 0 {
+                table = self.routing.refresh().await?;
+            }
+            let mut by_queue: BTreeMap<QueueId, Vec<usize>> = BTreeMap::new();
+            for i in pending.drain(..) {
+                by_queue
+                    .entry(table.route(&envs[i].tenant))
+                    .or_default()
+                    .push(i);
+            }
+            for (q, idx) in by_queue {
+                let batch: Vec<Envelope> = idx.iter().map(|&i| envs[i].clone()).collect();
+                let outcomes = self
+                    .routing
+                    .store()
+                    .enqueue_batch_limited(q, &batch, &limit)
+                    .await?;
+                for (i, outcome) in idx.into_iter().zip(outcomes) {
+                    match outcome {
+                        Ok(EnqueueOutcome::Moved(_)) => pending.push(i),
+                        Ok(o) => results[i] = Some(Ok((q, o))),
+                        Err(e) => results[i] = Some(Err(e)),
+                    }
+                }
             }
         }
-        Err(StoreError::Protocol {
-            script: "enqueue",
-            detail: format!(
-                "tenant {} kept answering MOVED after {MAX_REDIRECTS} routing refreshes",
-                env.tenant
-            ),
-        })
+        Ok(results
+            .into_iter()
+            .zip(envs)
+            .map(|(r, env)| {
+                r.unwrap_or_else(|| {
+                    Err(StoreError::Protocol {
+                        script: "enqueue",
+                        detail: format!(
+                            "tenant {} kept answering MOVED after {MAX_REDIRECTS} routing refreshes",
+                            env.tenant
+                        ),
+                    })
+                })
+            })
+            .collect())
+    }
+
+    /// The store this producer enqueues into.
+    pub fn store(&self) -> &Store {
+        self.routing.store()
+    }
+
+    /// The routing table as cached (refreshed when older than its TTL).
+    pub async fn route(&self, tenant: &str) -> Result<QueueId> {
+        Ok(self.routing.table().await?.route(tenant))
     }
 }

@@ -446,6 +446,68 @@ impl Encode for ControllerMetrics {
 }
 
 /// Something that renders Prometheus text.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RequestLabels {
+    pub route: String,
+    pub code: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RouteLabels {
+    pub route: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct EnvelopeLabels {
+    pub outcome: String,
+}
+
+/// The ingest API's metrics.
+#[derive(Clone)]
+pub struct IngestMetrics {
+    registry: Arc<Registry>,
+    pub requests: Family<RequestLabels, Counter>,
+    pub request_duration: HistogramFamily<RouteLabels>,
+    pub envelopes: Family<EnvelopeLabels, Counter>,
+}
+
+impl Default for IngestMetrics {
+    fn default() -> Self {
+        let mut registry = Registry::default();
+        let requests = Family::<RequestLabels, Counter>::default();
+        let request_duration: HistogramFamily<RouteLabels> =
+            Family::new_with_constructor(duration_histogram);
+        let envelopes = Family::<EnvelopeLabels, Counter>::default();
+        registry.register(
+            "lanekeeper_ingest_requests",
+            "Ingest API requests by route and status code",
+            requests.clone(),
+        );
+        registry.register(
+            "lanekeeper_ingest_request_duration_seconds",
+            "Ingest API request latency by route",
+            request_duration.clone(),
+        );
+        registry.register(
+            "lanekeeper_ingest_envelopes",
+            "Envelopes posted to ingest by outcome (queued, held, duplicate, backlog_full, invalid)",
+            envelopes.clone(),
+        );
+        Self {
+            registry: Arc::new(registry),
+            requests,
+            request_duration,
+            envelopes,
+        }
+    }
+}
+
+impl Encode for IngestMetrics {
+    fn encode(&self) -> String {
+        encode_registry(&self.registry)
+    }
+}
+
 pub trait Encode: Clone + Send + Sync + 'static {
     fn encode(&self) -> String;
 }

@@ -97,6 +97,44 @@ async fn enqueue_lease_ack_round_trip_and_idempotency() {
 }
 
 #[tokio::test]
+async fn a_tenant_at_its_backlog_limit_is_refused_and_its_ids_stay_unclaimed() {
+    let s = store(QueuePolicy::default()).await;
+    let envs: Vec<Envelope> = (0..6).map(|i| env("whale", i)).collect();
+    let limit = |t: &str| (t == "whale").then_some(3);
+    // Under the limit when the call starts: the whole call goes in.
+    for r in s.enqueue_batch_limited(Q, &envs[..4], limit).await.unwrap() {
+        assert!(matches!(r.unwrap(), EnqueueOutcome::Queued { .. }));
+    }
+    // At it: refused, with the depth, and nothing stored.
+    let out: Vec<EnqueueOutcome> = s
+        .enqueue_batch_limited(Q, &envs[4..], limit)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|r| r.unwrap())
+        .collect();
+    assert_eq!(out, vec![EnqueueOutcome::Full { depth: 4 }; 2]);
+    assert_eq!(s.tenant_state(Q, "whale").await.unwrap().queued, 4);
+    // Other tenants are not limited by the whale's limit.
+    assert!(matches!(
+        s.enqueue_limited(Q, &env("small", 0), limit("small"))
+            .await
+            .unwrap(),
+        EnqueueOutcome::Queued { .. }
+    ));
+    // Once the whale drains below its limit, the refused ids go in: they
+    // were never claimed.
+    for _ in 0..3 {
+        let l = lease(&s, Q).await.unwrap();
+        assert!(s.ack(&l, Duration::from_millis(1)).await.unwrap());
+    }
+    assert!(matches!(
+        s.enqueue_limited(Q, &envs[4], Some(3)).await.unwrap(),
+        EnqueueOutcome::Queued { .. }
+    ));
+}
+
+#[tokio::test]
 async fn bad_input_is_refused_naming_the_field() {
     let s = store(QueuePolicy::default()).await;
     let mut e = env("acme", 1);

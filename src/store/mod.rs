@@ -102,6 +102,9 @@ pub enum EnqueueOutcome {
     Duplicate,
     /// The tenant has moved to another queue: refresh routing and retry there.
     Moved(QueueId),
+    /// The tenant's backlog here (`depth`: queued, held, delayed and in
+    /// flight) has reached the limit given; nothing was stored.
+    Full { depth: u64 },
 }
 
 /// An envelope leased to a worker until `deadline_ms`.
@@ -261,6 +264,48 @@ impl TenantQueueState {
     }
 }
 
+/// One tenant's recent activity in one queue ([`Store::tenant_activity`]).
+#[derive(Clone, Debug, PartialEq)]
+pub struct TenantActivity {
+    pub state: TenantQueueState,
+    pub delivered: u64,
+    pub failed: u64,
+    /// Worker-seconds per delivery, as the scheduler estimates it.
+    pub estimate_s: Option<f64>,
+    /// The tenant's worker-seconds over the window.
+    pub worker_seconds: f64,
+    /// Every tenant's worker-seconds in this queue over the window.
+    pub queue_worker_seconds: f64,
+    pub oldest_enqueued_ms: Option<u64>,
+    /// Redis server time of the reading.
+    pub now_ms: u64,
+    pub window: Duration,
+}
+
+impl TenantActivity {
+    /// The tenant's share of the queue's worker-seconds over the window.
+    pub fn capacity_share(&self) -> f64 {
+        if self.queue_worker_seconds > 0.0 {
+            self.worker_seconds / self.queue_worker_seconds
+        } else {
+            0.0
+        }
+    }
+
+    /// Deliveries per second over the window (worker-seconds spent divided by
+    /// the cost of one delivery).
+    pub fn drain_rate(&self) -> f64 {
+        let per = self.estimate_s.unwrap_or(1.0).max(1e-3);
+        self.worker_seconds / self.window.as_secs_f64().max(1.0) / per
+    }
+
+    /// How long the oldest queued envelope has waited.
+    pub fn oldest_wait(&self) -> Option<Duration> {
+        self.oldest_enqueued_ms
+            .map(|n| Duration::from_millis(self.now_ms.saturating_sub(n)))
+    }
+}
+
 /// One envelope on the dead-letter list.
 #[derive(Clone, Debug, PartialEq, serde::Deserialize)]
 pub struct DeadLetter {
@@ -302,11 +347,12 @@ enum Func {
     ExportHold,
     Import,
     TrimHold,
+    ReplayDead,
     RoutingUpdate,
 }
 
 impl Func {
-    const ALL: [Func; 15] = [
+    const ALL: [Func; 16] = [
         Func::Enqueue,
         Func::Lease,
         Func::Ack,
@@ -321,6 +367,7 @@ impl Func {
         Func::ExportHold,
         Func::Import,
         Func::TrimHold,
+        Func::ReplayDead,
         Func::RoutingUpdate,
     ];
 
@@ -341,6 +388,7 @@ impl Func {
             Func::ExportHold => ("export_hold", include_str!("lua/export_hold.lua")),
             Func::Import => ("import", include_str!("lua/import.lua")),
             Func::TrimHold => ("trim_hold", include_str!("lua/trim_hold.lua")),
+            Func::ReplayDead => ("replay_dead", include_str!("lua/replay_dead.lua")),
             Func::RoutingUpdate => ("routing_update", include_str!("lua/routing_update.lua")),
         }
     }
@@ -540,6 +588,13 @@ impl Store {
         Ok(int(&v))
     }
 
+    /// Is Redis answering?
+    pub async fn ping(&self) -> Result<()> {
+        let mut conn = self.conn.clone();
+        let _: String = redis::cmd("PING").query_async(&mut conn).await?;
+        Ok(())
+    }
+
     /// Set the shard count; returns the new version (unchanged if equal).
     pub async fn set_shards(&self, shards: u16) -> Result<u64> {
         self.routing_update("shards", &shards.to_string(), "").await
@@ -668,7 +723,19 @@ impl Store {
     /// atomically, whether it is queued, held (tenant paused) or refused with
     /// MOVED (tenant gone); the caller routes, this does not.
     pub async fn enqueue(&self, q: QueueId, env: &Envelope) -> Result<EnqueueOutcome> {
+        self.enqueue_limited(q, env, None).await
+    }
+
+    /// Enqueue one envelope unless its tenant's backlog in `q` has reached
+    /// `limit` (then [`EnqueueOutcome::Full`], and nothing is stored).
+    pub async fn enqueue_limited(
+        &self,
+        q: QueueId,
+        env: &Envelope,
+        limit: Option<u64>,
+    ) -> Result<EnqueueOutcome> {
         let payload = encode(env)?;
+        let limit = limit.unwrap_or(0).to_string();
         let v = self
             .run(
                 Func::Enqueue,
@@ -678,6 +745,7 @@ impl Store {
                     env.tenant.as_bytes(),
                     env.endpoint_name().as_bytes(),
                     &payload,
+                    limit.as_bytes(),
                 ],
             )
             .await?;
@@ -696,6 +764,18 @@ impl Store {
         &self,
         q: QueueId,
         envs: &[Envelope],
+    ) -> Result<Vec<Result<EnqueueOutcome>>> {
+        self.enqueue_batch_limited(q, envs, |_| None).await
+    }
+
+    /// [`Store::enqueue_batch`] with a backlog limit per tenant: envelopes of
+    /// a tenant whose depth in `q` has reached `limit(tenant)` answer
+    /// [`EnqueueOutcome::Full`] and are not stored.
+    pub async fn enqueue_batch_limited(
+        &self,
+        q: QueueId,
+        envs: &[Envelope],
+        limit: impl Fn(&str) -> Option<u64>,
     ) -> Result<Vec<Result<EnqueueOutcome>>> {
         let prefix = self.queue_prefix(q);
         let function = Func::Enqueue.name();
@@ -718,7 +798,8 @@ impl Store {
                 cmd.arg(&env.id)
                     .arg(&env.tenant)
                     .arg(env.endpoint_name())
-                    .arg(payload);
+                    .arg(payload)
+                    .arg(limit(&env.tenant).unwrap_or(0));
             }
         }
         if !valid.is_empty() {
@@ -1090,6 +1171,104 @@ impl Store {
     }
 
     /// The newest `limit` dead letters of `q`, oldest first.
+    /// Put up to `limit` of `tenant`'s dead letters in `q` back on its lane
+    /// (all of them, or those with the given ids), oldest first. Returns how
+    /// many, or [`EnqueueOutcome::Moved`]'s target when the tenant has moved
+    /// away from `q` (then nothing changed).
+    pub async fn replay_dead(
+        &self,
+        q: QueueId,
+        tenant: &str,
+        ids: &[String],
+        limit: usize,
+    ) -> Result<std::result::Result<u64, QueueId>> {
+        let limit = limit.to_string();
+        let mut args: Vec<&[u8]> = vec![tenant.as_bytes(), limit.as_bytes()];
+        args.extend(ids.iter().map(|id| id.as_bytes()));
+        let items = array("replay_dead", self.run(Func::ReplayDead, q, &args).await?)?;
+        match (tag(&items).as_deref(), items.get(1)) {
+            (Some("OK"), Some(n)) => Ok(Ok(int(n))),
+            (Some("MOVED"), Some(to)) => {
+                string(to)
+                    .parse()
+                    .map(Err)
+                    .map_err(|e| StoreError::Protocol {
+                        script: "replay_dead",
+                        detail: format!("MOVED to {e}"),
+                    })
+            }
+            _ => Err(unexpected("replay_dead", &items)),
+        }
+    }
+
+    /// One tenant's recent activity in `q`: what [`Store::tenant_state`]
+    /// says, plus delivered and failed counts, its worker-seconds and the
+    /// queue's over `window`, its cost estimate per delivery, and when its
+    /// oldest queued envelope was enqueued.
+    pub async fn tenant_activity(
+        &self,
+        q: QueueId,
+        tenant: &str,
+        window: Duration,
+    ) -> Result<TenantActivity> {
+        let state = self.tenant_state(q, tenant).await?;
+        let p = self.queue_prefix(q);
+        let mut conn = self.conn.clone();
+        let (s, us): (u64, u64) = redis::cmd("TIME").query_async(&mut conn).await?;
+        let now_ms = s * 1000 + us / 1000;
+        let newest = now_ms / (WORKER_SECONDS_BUCKET * 1000);
+        let buckets = window.as_secs().div_ceil(WORKER_SECONDS_BUCKET).max(1);
+        let mut pipe = redis::pipe();
+        pipe.cmd("HMGET")
+            .arg(format!("{p}:t:{tenant}"))
+            .arg(&["ok", "ko", "e"]);
+        pipe.cmd("LINDEX").arg(format!("{p}:q:{tenant}")).arg(0);
+        for b in 0..buckets {
+            pipe.hgetall(format!("{p}:ws:{}", newest.saturating_sub(b)));
+        }
+        let replies: Vec<Value> = pipe.query_async(&mut conn).await?;
+        let bad = |detail: String| StoreError::Protocol {
+            script: "tenant activity",
+            detail,
+        };
+        let counters: Vec<Option<String>> =
+            redis::from_redis_value_ref(&replies[0]).map_err(|e| bad(e.to_string()))?;
+        let num = |i: usize| {
+            counters
+                .get(i)
+                .cloned()
+                .flatten()
+                .and_then(|v| v.parse::<f64>().ok())
+        };
+        let mut activity = TenantActivity {
+            state,
+            delivered: num(0).unwrap_or(0.0) as u64,
+            failed: num(1).unwrap_or(0.0) as u64,
+            estimate_s: num(2),
+            worker_seconds: 0.0,
+            queue_worker_seconds: 0.0,
+            oldest_enqueued_ms: None,
+            now_ms,
+            window,
+        };
+        for v in &replies[2..] {
+            let map: BTreeMap<String, f64> =
+                redis::from_redis_value_ref(v).map_err(|e| bad(e.to_string()))?;
+            activity.queue_worker_seconds += map.values().sum::<f64>();
+            activity.worker_seconds += map.get(tenant).copied().unwrap_or(0.0);
+        }
+        if let Value::BulkString(id) = &replies[1] {
+            let id = String::from_utf8_lossy(id);
+            let n: Option<u64> = redis::cmd("HGET")
+                .arg(format!("{p}:e:{id}"))
+                .arg("n")
+                .query_async(&mut conn)
+                .await?;
+            activity.oldest_enqueued_ms = n;
+        }
+        Ok(activity)
+    }
+
     pub async fn dead_letters(&self, q: QueueId, limit: usize) -> Result<Vec<DeadLetter>> {
         let mut conn = self.conn.clone();
         let raw: Vec<String> = redis::cmd("LRANGE")
@@ -1174,6 +1353,7 @@ fn parse_enqueue(tag: &Value, value: &Value) -> Result<EnqueueOutcome> {
         "OK" => Ok(EnqueueOutcome::Queued { seq: int(value) }),
         "HELD" => Ok(EnqueueOutcome::Held { seq: int(value) }),
         "DUP" => Ok(EnqueueOutcome::Duplicate),
+        "FULL" => Ok(EnqueueOutcome::Full { depth: int(value) }),
         "MOVED" => string(value)
             .parse()
             .map(EnqueueOutcome::Moved)

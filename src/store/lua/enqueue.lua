@@ -1,40 +1,55 @@
--- ARGV: id, tenant, endpoint, payload, repeated for each envelope of the
--- batch (one or many). Returns a flat list with a {tag, value} pair per envelope, in order:
--- 'OK' seq | 'HELD' seq | 'DUP' 0 | 'MOVED' queue.
+-- ARGV: id, tenant, endpoint, payload, backlog limit (0: none), repeated
+-- for each envelope of the batch (one or many). Returns a flat list with a
+-- {tag, value} pair per envelope, in order:
+-- 'OK' seq | 'HELD' seq | 'DUP' 0 | 'MOVED' queue | 'FULL' depth.
+-- FULL: the tenant's depth here (queued, held, delayed and in flight) had
+-- reached the limit before this call; the envelope is not stored and its id
+-- not claimed. The check is per call, so a tenant's envelopes in one call
+-- are all taken or all refused (a call may overshoot by its own size).
 -- Per batch: tenant state is read once per tenant, ids are checked in two
 -- set lookups and claimed in one, and each tenant's lane gets one RPUSH, so
 -- an envelope costs one HSET of its own.
 local now = now_ms()
-local n = #ARGV / 4
+local n = #ARGV / 5
 -- one sequence block for the batch; ids that turn out duplicate leave gaps
 local seq0 = redis.call('INCRBY', P .. ':seq', n) - n
 local tenants = {} -- tenant -> {paused, moved, known, active, lane = {ids}, held = {ids}}
 local order = {}
-local candidates = {} -- ids of envelopes whose tenant is still served here
+local candidates = {} -- ids of envelopes whose tenant is still served here, within its limit
+local full = {} -- k -> true: over the tenant's backlog limit
 for k = 1, n do
-  local i = 4 * k - 3
+  local i = 5 * k - 4
   local t = ARGV[i + 1]
   local ts = tenants[t]
   if not ts then
     -- paused, moved, and whether activation can be skipped (already on the
     -- ring, parked at its cap, or blocked by a breaker)
     local st = redis.call('HMGET', tkey(t), 'p', 'm', 'r', 'k', 'bl', 'n')
-    ts = { paused = st[1] == '1', moved = st[2] or '', known = st[6] ~= false,
+    ts = { paused = st[1] == '1', moved = st[2] or '', known = st[6] ~= false, depth = tonumber(st[6]) or 0,
       active = st[3] == '1' or st[4] == '1' or st[5] == '1', lane = {}, held = {} }
     tenants[t] = ts
     order[#order + 1] = t
   end
-  if ts.moved == '' then candidates[#candidates + 1] = ARGV[i] end
+  local limit = tonumber(ARGV[i + 4]) or 0
+  if ts.moved == '' then
+    if limit > 0 and ts.depth >= limit then
+      full[k] = true
+    else
+      candidates[#candidates + 1] = ARGV[i]
+    end
+  end
 end
 local fresh_id = claim_ids(candidates, now)
 
 local out = {}
 for k = 1, n do
-  local i = 4 * k - 3
+  local i = 5 * k - 4
   local id, t, ep, payload = ARGV[i], ARGV[i + 1], ARGV[i + 2], ARGV[i + 3]
   local ts = tenants[t]
   if ts.moved ~= '' then
     out[#out + 1] = 'MOVED'; out[#out + 1] = ts.moved
+  elseif full[k] then
+    out[#out + 1] = 'FULL'; out[#out + 1] = ts.depth
   elseif not fresh_id[id] then
     out[#out + 1] = 'DUP'; out[#out + 1] = 0
   else
