@@ -1,0 +1,929 @@
+//! The ingest API against a real redis-server, over real HTTP on loopback:
+//! every status code it answers, fan-out, idempotency under concurrency,
+//! backpressure isolation, a Redis outage, key rotation, and the binary's
+//! start and graceful stop.
+
+mod support;
+
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::{Duration, Instant};
+
+use lanekeeper::ingest::{auth, BacklogLimits, Config, Ingest};
+use lanekeeper::routing::QueueId;
+use lanekeeper::store::{ConnectOptions, Failure, LeaseOutcome, SetId, Store};
+use lanekeeper::telemetry::IngestMetrics;
+use reqwest::StatusCode;
+use serde_json::{json, Value};
+
+struct Api {
+    base: String,
+    http: reqwest::Client,
+    store: Store,
+    acme: String,
+    globex: String,
+    admin: String,
+    keys_file: std::path::PathBuf,
+    _stop: tokio::sync::oneshot::Sender<()>,
+}
+
+fn key_entry(name: &str, key: &str, scope: &str) -> String {
+    format!(
+        "  - {{name: {name}, sha256: {}, {scope}}}\n",
+        auth::hash_key_hex(key)
+    )
+}
+
+async fn api_on(redis_url: &str, config: Config) -> Api {
+    static N: AtomicU32 = AtomicU32::new(0);
+    let set = SetId::new("ingest", &format!("s{}", N.fetch_add(1, Ordering::Relaxed)));
+    let store = Store::connect(
+        redis_url,
+        set,
+        ConnectOptions {
+            connect_timeout: Duration::from_secs(1),
+            response_timeout: Duration::from_secs(1),
+        },
+    )
+    .await
+    .unwrap();
+    store.set_shards(4).await.unwrap();
+    let (acme, globex, admin) = (
+        auth::generate_key(),
+        auth::generate_key(),
+        auth::generate_key(),
+    );
+    let dir = support::process::scratch_dir("ingest");
+    let keys_file = dir.join("keys.yaml");
+    std::fs::write(
+        &keys_file,
+        format!(
+            "keys:\n{}{}{}",
+            key_entry("acme", &acme, "tenant: acme"),
+            key_entry("globex", &globex, "tenant: globex"),
+            key_entry("ops", &admin, "admin: true")
+        ),
+    )
+    .unwrap();
+    let keys = auth::Keys::load(&keys_file).unwrap();
+    keys.watch(Duration::from_millis(100));
+    let ingest = Ingest::new(store.clone(), keys, config, IngestMetrics::default());
+    let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+    let (addr, _task) = lanekeeper::ingest::serve("127.0.0.1:0".parse().unwrap(), ingest, async {
+        let _ = rx.await;
+    })
+    .await
+    .unwrap();
+    Api {
+        base: format!("http://{addr}"),
+        http: reqwest::Client::new(),
+        store,
+        acme,
+        globex,
+        admin,
+        keys_file,
+        _stop: tx,
+    }
+}
+
+async fn api(config: Config) -> Api {
+    api_on(&support::redis::shared().url, config).await
+}
+
+impl Api {
+    async fn call(
+        &self,
+        method: reqwest::Method,
+        path: &str,
+        key: Option<&str>,
+        body: Option<Value>,
+    ) -> (StatusCode, Value, reqwest::header::HeaderMap) {
+        let mut req = self.http.request(method, format!("{}{path}", self.base));
+        if let Some(k) = key {
+            req = req.bearer_auth(k);
+        }
+        if let Some(b) = body {
+            req = req
+                .header("content-type", "application/json")
+                .body(b.to_string());
+        }
+        let res = req.send().await.unwrap();
+        let status = res.status();
+        let headers = res.headers().clone();
+        let text = res.text().await.unwrap();
+        let v = serde_json::from_str(&text).unwrap_or(Value::String(text));
+        (status, v, headers)
+    }
+
+    async fn post(&self, key: &str, body: Value) -> (StatusCode, Value) {
+        let (s, v, _) = self
+            .call(reqwest::Method::POST, "/v1/events", Some(key), Some(body))
+            .await;
+        (s, v)
+    }
+
+    async fn raw(
+        &self,
+        key: &str,
+        path: &str,
+        content_type: &str,
+        body: &str,
+    ) -> (StatusCode, Value) {
+        let res = self
+            .http
+            .post(format!("{}{path}", self.base))
+            .bearer_auth(key)
+            .header("content-type", content_type)
+            .body(body.to_string())
+            .send()
+            .await
+            .unwrap();
+        let status = res.status();
+        let text = res.text().await.unwrap();
+        (
+            status,
+            serde_json::from_str(&text).unwrap_or(Value::String(text)),
+        )
+    }
+
+    async fn endpoint(&self, tenant: &str, name: &str, event_types: &[&str]) {
+        let (s, v, _) = self
+            .call(
+                reqwest::Method::PUT,
+                &format!("/v1/tenants/{tenant}/endpoints/{name}"),
+                Some(&self.admin),
+                Some(json!({"url": format!("https://{tenant}.example/{name}"), "eventTypes": event_types})),
+            )
+            .await;
+        assert_eq!(s, StatusCode::OK, "{v}");
+    }
+
+    async fn queue_of(&self, tenant: &str) -> QueueId {
+        self.store.routing().await.unwrap().route(tenant)
+    }
+}
+
+fn err_field(v: &Value) -> &str {
+    v["field"].as_str().unwrap_or("")
+}
+
+#[tokio::test]
+async fn events_are_validated_authorized_and_enqueued() {
+    let a = api(Config {
+        max_payload_bytes: 1024,
+        ..Default::default()
+    })
+    .await;
+    a.endpoint("acme", "default", &[]).await;
+
+    // 202: stored where the tenant routes, with its id.
+    let (s, v) = a
+        .post(
+            &a.acme,
+            json!({"tenant": "acme", "payload": {"n": 1}, "id": "evt-1"}),
+        )
+        .await;
+    assert_eq!(s, StatusCode::ACCEPTED, "{v}");
+    let q = a.queue_of("acme").await;
+    assert_eq!(v["id"], "evt-1");
+    assert_eq!(v["queue"], q.to_string());
+    assert_eq!(v["envelopes"][0]["status"], "queued");
+    // The same id again: accepted, stored once.
+    let (s, v) = a
+        .post(
+            &a.acme,
+            json!({"tenant": "acme", "payload": {"n": 1}, "id": "evt-1"}),
+        )
+        .await;
+    assert_eq!(
+        (s, v["envelopes"][0]["status"].as_str()),
+        (StatusCode::ACCEPTED, Some("duplicate"))
+    );
+    assert_eq!(a.store.tenant_state(q, "acme").await.unwrap().queued, 1);
+
+    // 401: no key, a malformed header, an unknown key.
+    let (s, v, _) = a
+        .call(
+            reqwest::Method::POST,
+            "/v1/events",
+            None,
+            Some(json!({"tenant": "acme", "payload": {}})),
+        )
+        .await;
+    assert_eq!(s, StatusCode::UNAUTHORIZED, "{v}");
+    let (s, _) = a
+        .post("lk_not_a_key", json!({"tenant": "acme", "payload": {}}))
+        .await;
+    assert_eq!(s, StatusCode::UNAUTHORIZED);
+    // 403: a tenant key used for another tenant.
+    let (s, v) = a
+        .post(&a.globex, json!({"tenant": "acme", "payload": {}}))
+        .await;
+    assert_eq!(s, StatusCode::FORBIDDEN, "{v}");
+    assert!(v["message"]
+        .as_str()
+        .unwrap()
+        .contains("may not act for tenant \"acme\""));
+
+    // 400, naming the field: malformed JSON, unknown field, missing or bad tenant.
+    let (s, v) = a
+        .raw(&a.acme, "/v1/events", "application/json", "{\"tenant\": ")
+        .await;
+    assert_eq!(
+        (s, v["code"].as_str()),
+        (StatusCode::BAD_REQUEST, Some("malformed_json")),
+        "{v}"
+    );
+    let (s, v) = a
+        .post(
+            &a.acme,
+            json!({"tenant": "acme", "payload": {}, "colour": "red"}),
+        )
+        .await;
+    assert_eq!(s, StatusCode::BAD_REQUEST);
+    assert!(
+        v["message"]
+            .as_str()
+            .unwrap()
+            .contains("unknown field `colour`"),
+        "{v}"
+    );
+    let (s, v) = a.post(&a.admin, json!({"payload": {}})).await;
+    assert_eq!(s, StatusCode::BAD_REQUEST);
+    assert!(
+        v["message"]
+            .as_str()
+            .unwrap()
+            .contains("missing field `tenant`"),
+        "{v}"
+    );
+    let (s, v) = a
+        .post(&a.admin, json!({"tenant": "ac\u{7}me", "payload": {}}))
+        .await;
+    assert_eq!(
+        (s, err_field(&v)),
+        (StatusCode::BAD_REQUEST, "tenant"),
+        "{v}"
+    );
+    let (s, v) = a
+        .post(&a.admin, json!({"tenant": "x".repeat(300), "payload": {}}))
+        .await;
+    assert_eq!(
+        (s, err_field(&v)),
+        (StatusCode::BAD_REQUEST, "tenant"),
+        "{v}"
+    );
+    let (s, v) = a
+        .post(
+            &a.acme,
+            json!({"tenant": "acme", "payload": {}, "id": "has space"}),
+        )
+        .await;
+    assert_eq!((s, err_field(&v)), (StatusCode::BAD_REQUEST, "id"), "{v}");
+    // 413: payload over the limit.
+    let (s, v) = a
+        .post(
+            &a.acme,
+            json!({"tenant": "acme", "payload": {"big": "x".repeat(2000)}}),
+        )
+        .await;
+    assert_eq!(
+        (s, err_field(&v)),
+        (StatusCode::PAYLOAD_TOO_LARGE, "payload"),
+        "{v}"
+    );
+    // 422: an endpoint the tenant does not have.
+    let (s, v) = a
+        .post(
+            &a.acme,
+            json!({"tenant": "acme", "endpoint": "nope", "payload": {}}),
+        )
+        .await;
+    assert_eq!(
+        (s, err_field(&v)),
+        (StatusCode::UNPROCESSABLE_ENTITY, "endpoint"),
+        "{v}"
+    );
+    // Nothing half-written by any of the refusals.
+    assert_eq!(a.store.tenant_state(q, "acme").await.unwrap().depth, 1);
+}
+
+#[tokio::test]
+async fn an_event_type_fans_out_to_the_endpoints_that_take_it() {
+    let a = api(Config::default()).await;
+    a.endpoint("acme", "billing", &["invoice.paid"]).await;
+    a.endpoint("acme", "audit", &[]).await;
+    a.endpoint("acme", "users", &["user.created"]).await;
+    let (s, v) = a
+        .post(
+            &a.acme,
+            json!({"tenant": "acme", "eventType": "invoice.paid", "payload": {}, "id": "inv-9"}),
+        )
+        .await;
+    assert_eq!(s, StatusCode::ACCEPTED, "{v}");
+    let mut got: Vec<(String, String)> = v["envelopes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| {
+            (
+                e["endpoint"].as_str().unwrap().to_string(),
+                e["id"].as_str().unwrap().to_string(),
+            )
+        })
+        .collect();
+    got.sort();
+    assert_eq!(
+        got,
+        vec![
+            ("audit".to_string(), "inv-9.audit".to_string()),
+            ("billing".to_string(), "inv-9.billing".to_string())
+        ]
+    );
+    assert_eq!(v["id"], "inv-9");
+    // No endpoint takes this type: 422 naming eventType.
+    let (s, v) = a
+        .post(
+            &a.acme,
+            json!({"tenant": "globex", "eventType": "x", "payload": {}}),
+        )
+        .await;
+    assert_eq!(s, StatusCode::FORBIDDEN, "{v}");
+    let (s, v) = a
+        .post(
+            &a.admin,
+            json!({"tenant": "globex", "eventType": "x", "payload": {}}),
+        )
+        .await;
+    assert_eq!(
+        (s, err_field(&v)),
+        (StatusCode::UNPROCESSABLE_ENTITY, "eventType"),
+        "{v}"
+    );
+}
+
+#[tokio::test]
+async fn the_same_id_posted_concurrently_is_stored_once() {
+    let a = api(Config::default()).await;
+    a.endpoint("acme", "default", &[]).await;
+    let posts = (0..20).map(|_| {
+        a.post(
+            &a.acme,
+            json!({"tenant": "acme", "payload": {}, "id": "once"}),
+        )
+    });
+    let results = futures::future::join_all(posts).await;
+    let statuses: Vec<&str> = results
+        .iter()
+        .map(|(s, v)| {
+            assert_eq!(*s, StatusCode::ACCEPTED, "{v}");
+            v["envelopes"][0]["status"].as_str().unwrap()
+        })
+        .collect();
+    assert_eq!(
+        statuses.iter().filter(|s| **s == "queued").count(),
+        1,
+        "{statuses:?}"
+    );
+    assert_eq!(statuses.iter().filter(|s| **s == "duplicate").count(), 19);
+    let q = a.queue_of("acme").await;
+    assert_eq!(a.store.tenant_state(q, "acme").await.unwrap().queued, 1);
+}
+
+#[tokio::test]
+async fn a_whale_over_its_backlog_limit_gets_429_and_small_tenants_do_not_notice() {
+    let mut backlog = BacklogLimits {
+        default: Some(1000),
+        ..Default::default()
+    };
+    backlog.overrides.insert("whale".into(), 50);
+    let a = api(Config {
+        backlog,
+        ..Default::default()
+    })
+    .await;
+    a.endpoint("whale", "default", &[]).await;
+    a.endpoint("small", "default", &[]).await;
+    let batch: Vec<Value> = (0..50)
+        .map(|i| json!({"tenant": "whale", "payload": {"n": i}}))
+        .collect();
+    let (s, v, _) = a
+        .call(
+            reqwest::Method::POST,
+            "/v1/events:batch",
+            Some(&a.admin),
+            Some(Value::Array(batch)),
+        )
+        .await;
+    assert_eq!(
+        (s, v["accepted"].as_u64()),
+        (StatusCode::OK, Some(50)),
+        "{v}"
+    );
+    let (s, v, headers) = a
+        .call(
+            reqwest::Method::POST,
+            "/v1/events",
+            Some(&a.admin),
+            Some(json!({"tenant": "whale", "payload": {}})),
+        )
+        .await;
+    assert_eq!(s, StatusCode::TOO_MANY_REQUESTS, "{v}");
+    assert_eq!(v["code"], "backlog_full");
+    let retry: u64 = headers["retry-after"].to_str().unwrap().parse().unwrap();
+    assert!((1..=3600).contains(&retry), "{retry}");
+    // The whale keeps hammering; the small tenant's posts all succeed.
+    let mut small = Vec::new();
+    let mut refused = 0;
+    for i in 0..200 {
+        let (s, _) = a
+            .post(&a.admin, json!({"tenant": "whale", "payload": {}}))
+            .await;
+        refused += (s == StatusCode::TOO_MANY_REQUESTS) as u32;
+        let started = Instant::now();
+        let (s, v) = a
+            .post(&a.admin, json!({"tenant": "small", "payload": {"i": i}}))
+            .await;
+        small.push(started.elapsed());
+        assert_eq!(s, StatusCode::ACCEPTED, "{v}");
+    }
+    assert_eq!(refused, 200);
+    small.sort();
+    let p50 = small[small.len() / 2];
+    let p99 = small[small.len() * 99 / 100];
+    eprintln!("small tenant's posts while the whale is refused: p50 {p50:?}, p99 {p99:?}");
+    assert!(p99 < Duration::from_millis(250), "p99 {p99:?}");
+    // Nothing of the refused posts was stored.
+    let q = a.queue_of("whale").await;
+    assert_eq!(a.store.tenant_state(q, "whale").await.unwrap().depth, 50);
+}
+
+#[tokio::test]
+async fn batches_answer_per_item_as_a_json_array_or_ndjson() {
+    let a = api(Config {
+        max_batch_items: 5,
+        ..Default::default()
+    })
+    .await;
+    a.endpoint("acme", "default", &[]).await;
+    let (s, v, _) = a
+        .call(
+            reqwest::Method::POST,
+            "/v1/events:batch",
+            Some(&a.acme),
+            Some(json!([
+                {"tenant": "acme", "payload": {"n": 0}, "id": "b-0"},
+                {"tenant": "acme", "payload": {"n": 1}, "wat": true},
+                {"tenant": "globex", "payload": {}},
+                {"tenant": "acme", "endpoint": "nope", "payload": {}},
+                {"tenant": "acme", "payload": {"n": 4}, "id": "b-4"}
+            ])),
+        )
+        .await;
+    assert_eq!(s, StatusCode::OK, "{v}");
+    let statuses: Vec<u64> = v["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|i| i["status"].as_u64().unwrap())
+        .collect();
+    assert_eq!(statuses, vec![202, 400, 403, 422, 202], "{v}");
+    assert_eq!(v["items"][1]["error"]["field"], "items[1].wat", "{v}");
+    assert_eq!(v["items"][3]["error"]["field"], "items[3].endpoint", "{v}");
+    assert_eq!(
+        (v["accepted"].as_u64(), v["rejected"].as_u64()),
+        (Some(2), Some(3))
+    );
+
+    let nd = "{\"tenant\":\"acme\",\"payload\":{\"n\":5},\"id\":\"b-5\"}\n\n{\"tenant\":\"acme\",\"payload\":\n{\"tenant\":\"acme\",\"payload\":{},\"id\":\"b-0\"}\n";
+    let (s, v) = a
+        .raw(&a.acme, "/v1/events:batch", "application/x-ndjson", nd)
+        .await;
+    assert_eq!(s, StatusCode::OK, "{v}");
+    let items = v["items"].as_array().unwrap();
+    assert_eq!(items.len(), 3, "{v}");
+    assert_eq!(items[0]["envelopes"][0]["status"], "queued");
+    assert_eq!(items[1]["error"]["code"], "malformed_json");
+    assert_eq!(items[2]["envelopes"][0]["status"], "duplicate");
+
+    // Not an array; too many items.
+    let (s, v) = a
+        .raw(
+            &a.acme,
+            "/v1/events:batch",
+            "application/json",
+            "{\"tenant\":\"acme\"}",
+        )
+        .await;
+    assert_eq!(s, StatusCode::BAD_REQUEST, "{v}");
+    let six = Value::Array(
+        (0..6)
+            .map(|_| json!({"tenant": "acme", "payload": {}}))
+            .collect(),
+    );
+    let (s, v, _) = a
+        .call(
+            reqwest::Method::POST,
+            "/v1/events:batch",
+            Some(&a.acme),
+            Some(six),
+        )
+        .await;
+    assert_eq!(s, StatusCode::PAYLOAD_TOO_LARGE, "{v}");
+}
+
+#[tokio::test]
+async fn endpoints_are_managed_and_their_secret_shown_once() {
+    let a = api(Config::default()).await;
+    let path = "/v1/tenants/acme/endpoints/main";
+    let (s, v, _) = a
+        .call(
+            reqwest::Method::PUT,
+            path,
+            Some(&a.acme),
+            Some(json!({"url": "https://acme.example/hooks"})),
+        )
+        .await;
+    assert_eq!(s, StatusCode::OK, "{v}");
+    let secret = v["secret"].as_str().unwrap().to_string();
+    assert!(secret.starts_with("whsec_"), "{secret}");
+    let (s, v, _) = a
+        .call(reqwest::Method::GET, path, Some(&a.acme), None)
+        .await;
+    assert_eq!(s, StatusCode::OK);
+    assert!(v.get("secret").is_none(), "{v}");
+    assert_eq!(
+        (v["url"].as_str(), v["secrets"].as_u64()),
+        (Some("https://acme.example/hooks"), Some(1))
+    );
+    let stored = a.store.endpoint("acme", "main").await.unwrap().unwrap();
+    assert_eq!(stored.secrets, vec![secret]);
+    let (s, v, _) = a
+        .call(
+            reqwest::Method::GET,
+            "/v1/tenants/acme/endpoints",
+            Some(&a.acme),
+            None,
+        )
+        .await;
+    assert_eq!(
+        (s, v.as_array().map(|l| l.len())),
+        (StatusCode::OK, Some(1))
+    );
+    // Bad definitions name the field.
+    let (s, v, _) = a
+        .call(
+            reqwest::Method::PUT,
+            path,
+            Some(&a.acme),
+            Some(json!({"url": "ftp://acme.example"})),
+        )
+        .await;
+    assert_eq!((s, err_field(&v)), (StatusCode::BAD_REQUEST, "url"), "{v}");
+    let (s, v, _) = a
+        .call(
+            reqwest::Method::PUT,
+            path,
+            Some(&a.acme),
+            Some(json!({"url": "https://a.example", "secret": "nope"})),
+        )
+        .await;
+    assert_eq!(
+        (s, err_field(&v)),
+        (StatusCode::BAD_REQUEST, "secret"),
+        "{v}"
+    );
+    let (s, v, _) = a
+        .call(
+            reqwest::Method::PUT,
+            "/v1/tenants/acme/endpoints/bad%20name",
+            Some(&a.acme),
+            Some(json!({"url": "https://a.example"})),
+        )
+        .await;
+    assert_eq!(
+        (s, err_field(&v)),
+        (StatusCode::BAD_REQUEST, "endpoint"),
+        "{v}"
+    );
+    // Another tenant's key may not touch it.
+    let (s, _, _) = a
+        .call(reqwest::Method::GET, path, Some(&a.globex), None)
+        .await;
+    assert_eq!(s, StatusCode::FORBIDDEN);
+    let (s, _, _) = a
+        .call(reqwest::Method::DELETE, path, Some(&a.acme), None)
+        .await;
+    assert_eq!(s, StatusCode::NO_CONTENT);
+    let (s, v, _) = a
+        .call(reqwest::Method::DELETE, path, Some(&a.acme), None)
+        .await;
+    assert_eq!(s, StatusCode::NOT_FOUND, "{v}");
+    let (s, _, _) = a
+        .call(reqwest::Method::GET, path, Some(&a.acme), None)
+        .await;
+    assert_eq!(s, StatusCode::NOT_FOUND);
+}
+
+#[tokio::test]
+async fn held_while_paused_and_routed_after_a_move() {
+    let a = api(Config::default()).await;
+    a.endpoint("acme", "default", &[]).await;
+    let q = a.queue_of("acme").await;
+    a.store.pause(q, "acme").await.unwrap();
+    let (s, v) = a
+        .post(&a.acme, json!({"tenant": "acme", "payload": {"n": 1}}))
+        .await;
+    assert_eq!(
+        (s, v["envelopes"][0]["status"].as_str()),
+        (StatusCode::ACCEPTED, Some("held")),
+        "{v}"
+    );
+    // Moved to lane 0: ingest's cached route answers MOVED and it follows.
+    let lane = QueueId::Lane(0);
+    a.store.pause(lane, "acme").await.unwrap();
+    a.store.pin("acme", lane).await.unwrap();
+    assert!(a.store.mark_moved(q, "acme", lane).await.unwrap());
+    assert_eq!(a.store.move_hold(q, lane, "acme").await.unwrap(), 1);
+    a.store.resume(lane, "acme").await.unwrap();
+    let (s, v) = a
+        .post(&a.acme, json!({"tenant": "acme", "payload": {"n": 2}}))
+        .await;
+    assert_eq!(s, StatusCode::ACCEPTED, "{v}");
+    assert_eq!(
+        (v["queue"].as_str(), v["envelopes"][0]["status"].as_str()),
+        (Some("lane-0"), Some("queued"))
+    );
+    assert_eq!(a.store.tenant_state(lane, "acme").await.unwrap().queued, 2);
+}
+
+#[tokio::test]
+async fn dead_letters_are_listed_and_replayed_and_stats_show_the_tenant() {
+    let a = api(Config::default()).await;
+    a.endpoint("acme", "default", &[]).await;
+    for i in 0..3 {
+        let (s, v) = a
+            .post(
+                &a.acme,
+                json!({"tenant": "acme", "payload": {"n": i}, "id": format!("d-{i}")}),
+            )
+            .await;
+        assert_eq!(s, StatusCode::ACCEPTED, "{v}");
+    }
+    let q = a.queue_of("acme").await;
+    // Two fail for good, one is delivered.
+    for i in 0..3 {
+        let l = match a
+            .store
+            .lease(q, "t", Duration::from_secs(30))
+            .await
+            .unwrap()
+        {
+            LeaseOutcome::Leased(l) => l,
+            other => panic!("{other:?}"),
+        };
+        if i < 2 {
+            let f = Failure {
+                cause: "HTTP 410 Gone",
+                retry_in: None,
+                endpoint_fault: false,
+            };
+            a.store
+                .nack(&l, Duration::from_millis(5), &f)
+                .await
+                .unwrap();
+        } else {
+            assert!(a.store.ack(&l, Duration::from_millis(5)).await.unwrap());
+        }
+    }
+    let (s, v, _) = a
+        .call(
+            reqwest::Method::GET,
+            "/v1/tenants/acme/dead-letters",
+            Some(&a.acme),
+            None,
+        )
+        .await;
+    assert_eq!(s, StatusCode::OK, "{v}");
+    let dead = v.as_array().unwrap();
+    assert_eq!(dead.len(), 2, "{v}");
+    assert_eq!(dead[0]["cause"], "HTTP 410 Gone");
+    let first = dead[0]["id"].as_str().unwrap().to_string();
+    let (s, v, _) = a
+        .call(
+            reqwest::Method::GET,
+            "/v1/tenants/acme/stats",
+            Some(&a.acme),
+            None,
+        )
+        .await;
+    assert_eq!(s, StatusCode::OK, "{v}");
+    assert_eq!(
+        (
+            v["delivered"].as_u64(),
+            v["failed"].as_u64(),
+            v["depth"].as_u64()
+        ),
+        (Some(1), Some(2), Some(0)),
+        "{v}"
+    );
+    assert!(v["capacityShare"].as_f64().unwrap() > 0.99, "{v}");
+
+    // Replay one by id, then the rest.
+    let (s, v, _) = a
+        .call(
+            reqwest::Method::POST,
+            "/v1/tenants/acme/dead-letters:replay",
+            Some(&a.acme),
+            Some(json!({"ids": [first]})),
+        )
+        .await;
+    assert_eq!(
+        (s, v["replayed"].as_u64()),
+        (StatusCode::OK, Some(1)),
+        "{v}"
+    );
+    let (s, v, _) = a
+        .call(
+            reqwest::Method::POST,
+            "/v1/tenants/acme/dead-letters:replay",
+            Some(&a.acme),
+            None,
+        )
+        .await;
+    assert_eq!(
+        (s, v["replayed"].as_u64()),
+        (StatusCode::OK, Some(1)),
+        "{v}"
+    );
+    let st = a.store.tenant_state(q, "acme").await.unwrap();
+    assert_eq!((st.queued, st.depth), (2, 2));
+    let l = match a
+        .store
+        .lease(q, "t", Duration::from_secs(30))
+        .await
+        .unwrap()
+    {
+        LeaseOutcome::Leased(l) => l,
+        other => panic!("{other:?}"),
+    };
+    assert_eq!((l.id.as_str(), l.attempts), (first.as_str(), 0));
+    let (s, v, _) = a
+        .call(
+            reqwest::Method::GET,
+            "/v1/tenants/acme/stats?window=60",
+            Some(&a.acme),
+            None,
+        )
+        .await;
+    assert_eq!(
+        (s, v["inFlight"].as_u64(), v["queued"].as_u64()),
+        (StatusCode::OK, Some(1), Some(1)),
+        "{v}"
+    );
+    assert!(v["oldestWaitMs"].as_u64().is_some(), "{v}");
+    let (s, v, _) = a
+        .call(
+            reqwest::Method::GET,
+            "/v1/tenants/acme/stats?colour=1",
+            Some(&a.acme),
+            None,
+        )
+        .await;
+    assert_eq!(s, StatusCode::BAD_REQUEST, "{v}");
+}
+
+#[tokio::test]
+async fn a_redis_outage_answers_503_quickly_and_readyz_follows() {
+    let redis = support::redis::dedicated();
+    let a = api_on(
+        &redis.url,
+        Config {
+            redis_timeout: Duration::from_millis(500),
+            ..Default::default()
+        },
+    )
+    .await;
+    a.endpoint("acme", "default", &[]).await;
+    let (s, _, _) = a.call(reqwest::Method::GET, "/readyz", None, None).await;
+    assert_eq!(s, StatusCode::OK);
+    support::redis::kill(&redis);
+    let started = Instant::now();
+    let (s, v, headers) = a
+        .call(
+            reqwest::Method::POST,
+            "/v1/events",
+            Some(&a.acme),
+            Some(json!({"tenant": "acme", "endpoint": "default", "payload": {}})),
+        )
+        .await;
+    let took = started.elapsed();
+    assert_eq!(s, StatusCode::SERVICE_UNAVAILABLE, "{v}");
+    assert_eq!(headers["retry-after"], "1");
+    assert!(took < Duration::from_secs(3), "took {took:?}");
+    let (s, _, _) = a.call(reqwest::Method::GET, "/readyz", None, None).await;
+    assert_eq!(s, StatusCode::SERVICE_UNAVAILABLE);
+    let (s, _, _) = a.call(reqwest::Method::GET, "/healthz", None, None).await;
+    assert_eq!(s, StatusCode::OK);
+    // Back up: ready again, and posts succeed.
+    let _again = support::redis::start_on(redis.port);
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        let (s, _, _) = a.call(reqwest::Method::GET, "/readyz", None, None).await;
+        if s == StatusCode::OK {
+            break;
+        }
+        assert!(Instant::now() < deadline, "not ready again");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+#[tokio::test]
+async fn keys_rotate_without_a_restart() {
+    let a = api(Config::default()).await;
+    a.endpoint("acme", "default", &[]).await;
+    let new_key = auth::generate_key();
+    std::fs::write(
+        &a.keys_file,
+        format!("keys:\n{}", key_entry("acme-2", &new_key, "tenant: acme")),
+    )
+    .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let (s, _) = a
+            .post(&new_key, json!({"tenant": "acme", "payload": {}}))
+            .await;
+        if s == StatusCode::ACCEPTED {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the new key never worked");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let (s, _) = a
+        .post(&a.acme, json!({"tenant": "acme", "payload": {}}))
+        .await;
+    assert_eq!(s, StatusCode::UNAUTHORIZED, "the removed key still works");
+    // A broken file keeps the keys in force.
+    std::fs::write(&a.keys_file, "keys: [oops").unwrap();
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    let (s, _) = a
+        .post(&new_key, json!({"tenant": "acme", "payload": {}}))
+        .await;
+    assert_eq!(s, StatusCode::ACCEPTED);
+}
+
+#[tokio::test]
+async fn openapi_and_metrics_are_served() {
+    let a = api(Config::default()).await;
+    let (s, v, _) = a
+        .call(reqwest::Method::GET, "/v1/openapi.json", None, None)
+        .await;
+    assert_eq!(s, StatusCode::OK);
+    assert!(v["paths"]["/v1/events"]["post"].is_object(), "{v}");
+    assert!(v["components"]["schemas"]["EventIn"].is_object());
+    let _ = a
+        .post(&a.acme, json!({"tenant": "acme", "payload": {}}))
+        .await;
+    let (s, v, _) = a.call(reqwest::Method::GET, "/metrics", None, None).await;
+    assert_eq!(s, StatusCode::OK);
+    let text = v.as_str().unwrap();
+    assert!(
+        text.contains(r#"lanekeeper_ingest_requests_total{route="post /v1/events",code="422"} 1"#),
+        "{text}"
+    );
+}
+
+#[test]
+fn the_binary_serves_until_sigterm_then_exits_cleanly() {
+    let redis = support::redis::shared();
+    let dir = support::process::scratch_dir("ingest-bin");
+    let key = auth::generate_key();
+    let keys = dir.join("keys.yaml");
+    std::fs::write(
+        &keys,
+        format!("keys:\n{}", key_entry("ops", &key, "admin: true")),
+    )
+    .unwrap();
+    let port = support::process::free_port();
+    let log = dir.join("ingest.log");
+    let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_lanekeeper"));
+    cmd.args(["ingest", "--redis", &redis.url, "--shard-set", "ingest/bin"])
+        .args(["--listen", &format!("127.0.0.1:{port}")])
+        .arg("--api-keys")
+        .arg(&keys)
+        .args(["--backlog-limit-for", "whale=10"]);
+    let pid = support::process::spawn_server(cmd, &log);
+    let ready = || {
+        use std::io::{Read, Write};
+        let Ok(mut c) = std::net::TcpStream::connect(("127.0.0.1", port)) else {
+            return false;
+        };
+        let _ = c.write_all(b"GET /readyz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
+        let mut out = String::new();
+        let _ = c.read_to_string(&mut out);
+        out.starts_with("HTTP/1.1 200")
+    };
+    support::process::wait_until("ingest /readyz", Duration::from_secs(20), &log, pid, ready);
+    support::process::signal(pid, libc::SIGTERM);
+    let exit = support::process::wait_exit(pid, Duration::from_secs(10));
+    assert_eq!(exit, Some(Some(0)), "{}", support::process::tail(&log, 20));
+}
