@@ -1,4 +1,6 @@
 //! Helpers shared by the benchmarks.
+//! Each benchmark uses part of this module.
+#![allow(dead_code)]
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;

@@ -163,10 +163,7 @@ impl Ingest {
         Ok(eps)
     }
 
-    fn cache(
-        &self,
-    ) -> std::sync::MutexGuard<'_, EndpointCache>
-    {
+    fn cache(&self) -> std::sync::MutexGuard<'_, EndpointCache> {
         self.inner
             .endpoints
             .lock()
@@ -206,7 +203,14 @@ impl Ingest {
     /// The envelopes one event becomes: one for the endpoint named (or
     /// `default`), or, for an event type without an endpoint, one per enabled
     /// endpoint of the tenant whose filter takes the type.
-    async fn envelopes(&self, ev: EventIn, field: &str) -> Result<Vec<Envelope>, ApiError> {
+    /// `raw_len` is the size of the event's JSON as posted: a payload is
+    /// measured exactly only when the whole event is over the limit.
+    async fn envelopes(
+        &self,
+        ev: EventIn,
+        raw_len: usize,
+        field: &str,
+    ) -> Result<Vec<Envelope>, ApiError> {
         let f = |name: &str| {
             if field.is_empty() {
                 name.to_string()
@@ -216,9 +220,13 @@ impl Ingest {
         };
         crate::envelope::validate_tenant(&ev.tenant)
             .map_err(|e| ApiError::field(StatusCode::BAD_REQUEST, &f("tenant"), e.reason))?;
-        let size = serde_json::to_vec(&ev.payload)
-            .map(|v| v.len())
-            .unwrap_or(0);
+        let size = if raw_len > self.inner.config.max_payload_bytes {
+            serde_json::to_vec(&ev.payload)
+                .map(|v| v.len())
+                .unwrap_or(0)
+        } else {
+            0
+        };
         if size > self.inner.config.max_payload_bytes {
             return Err(ApiError::field(
                 StatusCode::PAYLOAD_TOO_LARGE,
@@ -706,7 +714,7 @@ async fn post_event(
     if !who.may_act_for(&ev.tenant) {
         ingest.authorize(&headers, &ev.tenant)?;
     }
-    let envs = ingest.envelopes(ev, "").await?;
+    let envs = ingest.envelopes(ev, b.len(), "").await?;
     let tenant = envs[0].tenant.clone();
     let limit = ingest.inner.config.backlog.for_tenant(&tenant);
     let results = ingest
@@ -776,10 +784,10 @@ async fn post_batch(
         .and_then(|v| v.to_str().ok())
         .is_some_and(|v| v.starts_with("application/x-ndjson"));
     // Items parse one by one, so one bad item is its own 400.
-    let raw: Vec<Result<EventIn, ApiError>> = if ndjson {
+    let raw: Vec<(usize, Result<EventIn, ApiError>)> = if ndjson {
         b.split(|c| *c == b'\n')
             .filter(|l| !l.iter().all(u8::is_ascii_whitespace))
-            .map(parse)
+            .map(|l| (l.len(), parse(l)))
             .collect()
     } else {
         let items: Vec<Box<serde_json::value::RawValue>> = parse(&b).map_err(|mut e| {
@@ -789,7 +797,10 @@ async fn post_batch(
             }
             e
         })?;
-        items.iter().map(|v| parse(v.get().as_bytes())).collect()
+        items
+            .iter()
+            .map(|v| (v.get().len(), parse(v.get().as_bytes())))
+            .collect()
     };
     let max = ingest.inner.config.max_batch_items;
     if raw.len() > max {
@@ -803,7 +814,7 @@ async fn post_batch(
     let mut items: Vec<ItemResult> = Vec::with_capacity(raw.len());
     let mut envs: Vec<Envelope> = Vec::new();
     let mut owner: Vec<usize> = Vec::new();
-    for (i, r) in raw.into_iter().enumerate() {
+    for (i, (len, r)) in raw.into_iter().enumerate() {
         let at = format!("items[{i}]");
         let res = match r {
             Err(mut e) => {
@@ -823,7 +834,7 @@ async fn post_batch(
                     who.name, ev.tenant
                 ),
             )),
-            Ok(ev) => ingest.envelopes(ev, &at).await,
+            Ok(ev) => ingest.envelopes(ev, len, &at).await,
         };
         items.push(ItemResult {
             index: i,

@@ -1,0 +1,251 @@
+//! `cargo bench --bench ingest`: the ingest API over HTTP on loopback against
+//! a real redis-server, with the raw pipelined enqueue rate (the data
+//! plane's, as in the scheduler benchmark) measured in the same run.
+//!
+//! - batches: 4 clients posting JSON arrays of 1,000 events for 100 tenants;
+//! - single events: 64 concurrent connections, one event per request, with
+//!   p50 and p99 latency;
+//! - an import of 2,000,000 events for one tenant, timed.
+//!
+//! The server is the real `lanekeeper ingest` binary; the load generator is
+//! this process (reqwest), on the same two cores.
+//! The last line is `RESULT batch_vs_raw=<x> single_per_s=<y> single_p99_ms=<z>`.
+
+mod common;
+#[path = "../tests/support/mod.rs"]
+mod support;
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use common::{connect, enqueue_all, env};
+use lanekeeper::endpoint::Endpoint;
+use lanekeeper::envelope::Envelope;
+use lanekeeper::ingest::auth;
+
+const BATCH: usize = 1000;
+const BATCH_EVENTS: usize = 200_000;
+const SINGLE_EVENTS: u64 = 60_000;
+const CONNECTIONS: usize = 64;
+const IMPORT: usize = 2_000_000;
+
+fn event(tenant: &str, i: usize) -> serde_json::Value {
+    serde_json::json!({"tenant": tenant, "id": format!("{tenant}-{i}"), "payload": {"n": i, "body": "x".repeat(200)}})
+}
+
+/// Post `total` events as batches of BATCH from `clients` concurrent clients.
+/// With `prebuilt`, every request body is serialized before the clock
+/// starts, so the load generator's JSON work is not timed (it shares the two
+/// cores with the server and Redis).
+async fn post_batches(
+    http: &reqwest::Client,
+    url: &str,
+    key: &str,
+    clients: usize,
+    total: usize,
+    prebuilt: bool,
+    tenant_of: impl Fn(usize) -> String + Send + Sync + 'static,
+) -> f64 {
+    let next = Arc::new(AtomicU64::new(0));
+    let body = move |b: usize| -> Vec<u8> {
+        let items: Vec<serde_json::Value> = (b * BATCH..((b + 1) * BATCH).min(total))
+            .map(|i| event(&tenant_of(i), i))
+            .collect();
+        serde_json::to_vec(&items).unwrap()
+    };
+    let bodies: Arc<Vec<Vec<u8>>> = Arc::new(if prebuilt {
+        (0..total.div_ceil(BATCH)).map(&body).collect()
+    } else {
+        Vec::new()
+    });
+    let body = Arc::new(body);
+    let started = Instant::now();
+    let mut tasks = Vec::new();
+    for _ in 0..clients {
+        let (http, url, key, next, bodies, body) = (
+            http.clone(),
+            url.to_string(),
+            key.to_string(),
+            next.clone(),
+            bodies.clone(),
+            body.clone(),
+        );
+        tasks.push(tokio::spawn(async move {
+            loop {
+                let b = next.fetch_add(1, Ordering::Relaxed) as usize;
+                if b * BATCH >= total {
+                    break;
+                }
+                let body = match bodies.get(b) {
+                    Some(prebuilt) => prebuilt.clone(),
+                    None => body(b),
+                };
+                let res = http
+                    .post(format!("{url}/v1/events:batch"))
+                    .bearer_auth(&key)
+                    .header("content-type", "application/json")
+                    .body(body)
+                    .send()
+                    .await
+                    .unwrap();
+                assert!(res.status().is_success(), "{}", res.status());
+                let v: serde_json::Value =
+                    serde_json::from_slice(&res.bytes().await.unwrap()).unwrap();
+                assert_eq!(v["rejected"], 0, "{}", v["items"][0]);
+            }
+        }));
+    }
+    for t in tasks {
+        t.await.unwrap();
+    }
+    total as f64 / started.elapsed().as_secs_f64()
+}
+
+fn main() {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let redis = support::redis::shared();
+    let url = redis.url.clone();
+    rt.block_on(async {
+        // The baseline: the data plane's pipelined batch enqueue, no HTTP.
+        let store = connect(&url, "raw").await;
+        let envs: Vec<Envelope> = (0..BATCH_EVENTS as u64)
+            .map(|i| env(&format!("imp{}", i % 100), i))
+            .collect();
+        let raw = enqueue_all(&store, envs).await;
+        println!("raw pipelined enqueue (data plane, 4 producers): {raw:.0} envelopes/s");
+
+        // The real binary, with one admin key and endpoints for every tenant.
+        let set = lanekeeper::store::SetId::new("bench", "ingest");
+        let target = lanekeeper::store::Store::connect(&url, set, Default::default())
+            .await
+            .unwrap();
+        target.set_shards(4).await.unwrap();
+        let ep = Endpoint {
+            url: "https://example.com/hooks".into(),
+            secrets: vec![lanekeeper::signing::Secret::generate()],
+            enabled: true,
+            event_types: vec![],
+        };
+        for t in (0..100).map(|i| format!("imp{i}")).chain(["importer".to_string()]) {
+            target.put_endpoint(&t, "default", &ep).await.unwrap();
+        }
+        for c in 0..CONNECTIONS {
+            target.put_endpoint(&format!("single{c}"), "default", &ep).await.unwrap();
+        }
+        let dir = support::process::scratch_dir("ingest-bench");
+        let key = auth::generate_key();
+        let keys = dir.join("keys.yaml");
+        std::fs::write(
+            &keys,
+            format!("keys:\n  - {{name: bench, sha256: {}, admin: true}}\n", auth::hash_key_hex(&key)),
+        )
+        .unwrap();
+        let port = support::process::free_port();
+        let log = dir.join("ingest.log");
+        let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_lanekeeper"));
+        cmd.args(["ingest", "--redis", &url, "--shard-set", "bench/ingest"])
+            .args(["--listen", &format!("127.0.0.1:{port}")])
+            .arg("--api-keys")
+            .arg(&keys)
+            .args(["--backlog-limit", "0"])
+            .env("RUST_LOG", "warn");
+        let pid = support::process::spawn_server(cmd, &log);
+        let base = format!("http://127.0.0.1:{port}");
+        let http = reqwest::Client::builder()
+            .pool_max_idle_per_host(CONNECTIONS)
+            .build()
+            .unwrap();
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let up = http
+                .get(format!("{base}/readyz"))
+                .send()
+                .await
+                .map(|r| r.status().is_success())
+                .unwrap_or(false);
+            if up {
+                break;
+            }
+            assert!(
+                Instant::now() < deadline && support::process::is_running(pid),
+                "ingest did not start: {}",
+                support::process::tail(&log, 20)
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+
+        let batch = post_batches(&http, &base, &key, 4, BATCH_EVENTS, true, |i| format!("imp{}", i % 100)).await;
+        println!(
+            "batch ingest over HTTP ({BATCH} per request, 4 clients, 100 tenants): {batch:.0} envelopes/s ({:.2}x raw)",
+            batch / raw
+        );
+
+        // Single events: CONNECTIONS concurrent clients, one event per request.
+        let bodies: Arc<Vec<Vec<u8>>> = Arc::new(
+            (0..SINGLE_EVENTS as usize)
+                .map(|i| serde_json::to_vec(&event(&format!("single{}", i % CONNECTIONS), i)).unwrap())
+                .collect(),
+        );
+        let next = Arc::new(AtomicU64::new(0));
+        let started = Instant::now();
+        let mut tasks = Vec::new();
+        for _ in 0..CONNECTIONS {
+            let bodies = bodies.clone();
+            let (http, base, key, next) = (http.clone(), base.clone(), key.clone(), next.clone());
+            tasks.push(tokio::spawn(async move {
+                let mut lat = Vec::new();
+                loop {
+                    let i = next.fetch_add(1, Ordering::Relaxed);
+                    if i >= SINGLE_EVENTS {
+                        break lat;
+                    }
+                    let body = bodies[i as usize].clone();
+                    let t0 = Instant::now();
+                    let res = http
+                        .post(format!("{base}/v1/events"))
+                        .bearer_auth(&key)
+                        .header("content-type", "application/json")
+                        .body(body)
+                        .send()
+                        .await
+                        .unwrap();
+                    let status = res.status();
+                    let _ = res.bytes().await.unwrap();
+                    lat.push(t0.elapsed());
+                    assert_eq!(status, reqwest::StatusCode::ACCEPTED);
+                }
+            }));
+        }
+        let mut lat = Vec::new();
+        for t in tasks {
+            lat.extend(t.await.unwrap());
+        }
+        let single = SINGLE_EVENTS as f64 / started.elapsed().as_secs_f64();
+        lat.sort();
+        let ms = |d: Duration| d.as_secs_f64() * 1000.0;
+        let (p50, p99) = (ms(lat[lat.len() / 2]), ms(lat[lat.len() * 99 / 100]));
+        println!("single events ({CONNECTIONS} connections): {single:.0} events/s, p50 {p50:.2} ms, p99 {p99:.2} ms");
+
+        let started = Instant::now();
+        post_batches(&http, &base, &key, 4, IMPORT, false, |_| "importer".to_string()).await;
+        let took = started.elapsed().as_secs_f64();
+        let q = target.routing().await.unwrap().route("importer");
+        let depth = target.tenant_state(q, "importer").await.unwrap().queued;
+        assert_eq!(depth, IMPORT as u64, "every imported envelope is queued");
+        println!(
+            "import of {IMPORT} events for one tenant: {took:.1} s ({:.0} envelopes/s), all {depth} queued",
+            IMPORT as f64 / took
+        );
+        support::process::signal(pid, libc::SIGTERM);
+        let _ = support::process::wait_exit(pid, Duration::from_secs(10));
+        println!(
+            "RESULT batch_vs_raw={:.3} single_per_s={single:.0} single_p99_ms={p99:.2}",
+            batch / raw
+        );
+    });
+    support::process::stop_all();
+}
