@@ -262,7 +262,9 @@ async fn tick_set(set: &ShardSet, ctx: &Context) -> anyhow::Result<()> {
         .collect();
     let with_lane: BTreeSet<String> = lanes.iter().map(|l| l.spec.tenant.clone()).collect();
 
-    let window: Duration = spec.window.into();
+    // The window in whole buckets plus the current, partial one: a share
+    // read just after a bucket turns over still rests on a full window.
+    let window = Duration::from(spec.window) + Duration::from_secs(WORKER_SECONDS_BUCKET);
     let now = Timestamp::now();
     let covered = covered(window, now.as_millisecond().max(0) as u64);
     let workers = f64::from(set.spec.worker.replicas.unwrap_or(1).max(0))

@@ -347,6 +347,31 @@ impl ControlPlane {
         process::spawn_server(cmd, &dir.join("controller.log"))
     }
 
+    /// Like [`Self::spawn_controller`], with extra environment variables;
+    /// returns the pid and the path of the controller's log.
+    pub fn spawn_controller_env(
+        &self,
+        ns: &str,
+        extra: &[&str],
+        env: &[(&str, &str)],
+    ) -> (u32, PathBuf) {
+        let dir = process::scratch_dir("controller");
+        let log = dir.join("controller.log");
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_lanekeeper"));
+        cmd.args(["controller", "--namespace", ns, "--lease-namespace", ns])
+            .args(extra)
+            .args([
+                "--metrics-addr",
+                &format!("127.0.0.1:{}", process::free_port()),
+            ])
+            .env("KUBECONFIG", &self.kubeconfig)
+            .env("RUST_LOG", "info");
+        for (k, v) in env {
+            cmd.env(k, v);
+        }
+        (process::spawn_server(cmd, &log), log)
+    }
+
     /// `kubectl` bound to this control plane's admin kubeconfig.
     pub fn kubectl(&self) -> Command {
         let mut cmd = Command::new("kubectl");
