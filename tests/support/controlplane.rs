@@ -335,7 +335,7 @@ impl ControlPlane {
     /// through a Lease of that namespace; `extra` flags are appended.
     pub fn spawn_controller(&self, ns: &str, extra: &[&str]) -> u32 {
         let dir = process::scratch_dir("controller");
-        let mut cmd = Command::new(env!("CARGO_BIN_EXE_lanekeeper"));
+        let mut cmd = Command::new(super::process::lanekeeper_bin());
         cmd.args(["controller", "--namespace", ns, "--lease-namespace", ns])
             .args(extra)
             .args([
@@ -357,7 +357,7 @@ impl ControlPlane {
     ) -> (u32, PathBuf) {
         let dir = process::scratch_dir("controller");
         let log = dir.join("controller.log");
-        let mut cmd = Command::new(env!("CARGO_BIN_EXE_lanekeeper"));
+        let mut cmd = Command::new(super::process::lanekeeper_bin());
         cmd.args(["controller", "--namespace", ns, "--lease-namespace", ns])
             .args(extra)
             .args([

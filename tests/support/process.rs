@@ -171,6 +171,29 @@ pub fn wait_until(
     }
 }
 
+/// The `lanekeeper` binary: cargo's for tests and benchmarks; for an example
+/// (the demo), `$LANEKEEPER_BIN` or the one beside `target/<profile>/examples/`.
+pub fn lanekeeper_bin() -> PathBuf {
+    if let Some(p) = option_env!("CARGO_BIN_EXE_lanekeeper") {
+        return PathBuf::from(p);
+    }
+    if let Some(p) = std::env::var_os("LANEKEEPER_BIN") {
+        return PathBuf::from(p);
+    }
+    let exe = std::env::current_exe().expect("the path of this program");
+    let bin = exe
+        .parent()
+        .and_then(|examples| examples.parent())
+        .map(|profile| profile.join("lanekeeper"))
+        .expect("target/<profile>/examples/<name>");
+    assert!(
+        bin.exists(),
+        "{} is missing: build it first (cargo build --release --bin lanekeeper), or set LANEKEEPER_BIN",
+        bin.display()
+    );
+    bin
+}
+
 /// Find a program on PATH, or panic saying what to install.
 pub fn require_program(name: &str, install_hint: &str) -> PathBuf {
     std::env::var_os("PATH")

@@ -11,7 +11,7 @@ pub fn spawn(redis_url: &str, set: &str, queue: &str, extra: &[&str]) -> u32 {
     let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     let dir = process::scratch_dir("worker");
     let log = dir.join(format!("worker-{n}.log"));
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_lanekeeper"));
+    let mut cmd = Command::new(process::lanekeeper_bin());
     cmd.arg("worker")
         .args(["--redis", redis_url, "--shard-set", set, "--queue", queue])
         .args(["--worker-id", &format!("test-worker-{n}")])
