@@ -339,23 +339,33 @@ async fn order_holds_across_promote_retire_and_delete_under_continuous_enqueue()
 async fn eight_lanes_at_most_the_ninth_waits_and_gets_the_freed_lane() {
     let _turn = SERIAL.lock().await;
     let cp = cluster();
+    // Nine shards of two delivery slots; on each, one hot tenant (1.8 of 2
+    // worker-seconds per second) and a light mate that keeps it contended.
     let env = LaneEnv::start(
         cp,
         "lane-cap",
-        1,
-        "  worker: {image: \"lanekeeper:test\", replicas: 1, concurrency: 8}\n  scheduler: {maxInFlightPerTenant: 8}\n  promotion: {promoteShare: 0.08, demoteShare: 0.02, promoteAfter: 3s, demoteAfter: 4s, window: 10s, maxLanes: 8}\n  relocation: {drainTimeout: 60s}\n",
+        9,
+        "  worker: {image: \"lanekeeper:test\", replicas: 1, concurrency: 2}\n  promotion: {promoteShare: 0.5, demoteShare: 0.05, promoteAfter: 3s, demoteAfter: 4s, window: 10s, maxLanes: 8}\n  relocation: {drainTimeout: 60s}\n",
         &["--promotion-tick", "1s"],
-        &["--concurrency", "8"],
+        &["--concurrency", "2"],
     )
     .await;
-    let tenants: Vec<String> = (0..9).map(|i| format!("cap{i}")).collect();
-    for t in &tenants {
+    let tenants: Vec<String> = (0..9)
+        .map(|i| env.tenant_on(&format!("cap{i}x"), i))
+        .collect();
+    let mates: Vec<String> = (0..9)
+        .map(|i| env.tenant_on(&format!("mate{i}x"), i))
+        .collect();
+    for t in tenants.iter().chain(&mates) {
         env.endpoint(t, "delay-100").await;
     }
-    // 9 × 12/s × 0.1 s = 10.8 worker-seconds per second against 8 slots.
     let mut traffic: Vec<Option<Traffic>> = tenants
         .iter()
-        .map(|t| Some(Traffic::start(&env.store, t, 12.0)))
+        .map(|t| Some(Traffic::start(&env.store, t, 18.0)))
+        .collect();
+    let mate_traffic: Vec<Traffic> = mates
+        .iter()
+        .map(|t| Traffic::start(&env.store, t, 1.0))
         .collect();
 
     let started = Instant::now();
@@ -458,6 +468,9 @@ async fn eight_lanes_at_most_the_ninth_waits_and_gets_the_freed_lane() {
         retired_after.as_secs_f64()
     );
     let mut counts = vec![(cooling.spec.tenant.clone(), cooled.count)];
+    for (t, tr) in mates.iter().zip(mate_traffic) {
+        counts.push((t.clone(), tr.stop().await.count));
+    }
     for (t, tr) in tenants.iter().zip(traffic.iter_mut()) {
         if let Some(tr) = tr.take() {
             counts.push((t.clone(), tr.stop().await.count));
