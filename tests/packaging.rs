@@ -350,6 +350,12 @@ fn expected_rules(secret_names: &[&str]) -> Vec<Value> {
         ),
         rule(
             &["lanekeeper.io"],
+            &["dedicatedlanes"],
+            &[],
+            &["create", "patch", "delete"],
+        ),
+        rule(
+            &["lanekeeper.io"],
             &["shardsets/finalizers", "dedicatedlanes/finalizers"],
             &[],
             &["update"],
@@ -820,6 +826,9 @@ fn service_account_may_do_what_the_controller_needs_and_nothing_else() {
         vec!["get", "shardsets.lanekeeper.io", "-n", sets],
         vec!["list", "dedicatedlanes.lanekeeper.io", "--all-namespaces"],
         vec!["watch", "dedicatedlanes.lanekeeper.io", "--all-namespaces"],
+        vec!["create", "dedicatedlanes.lanekeeper.io", "-n", sets],
+        vec!["patch", "dedicatedlanes.lanekeeper.io", "-n", sets],
+        vec!["delete", "dedicatedlanes.lanekeeper.io", "-n", sets],
         vec![
             "patch",
             "shardsets.lanekeeper.io",
@@ -891,7 +900,6 @@ fn service_account_may_do_what_the_controller_needs_and_nothing_else() {
         vec!["create", "serviceaccounts/token", "-n", rel],
         vec!["patch", "shardsets.lanekeeper.io", "-n", sets],
         vec!["delete", "shardsets.lanekeeper.io", "-n", sets],
-        vec!["create", "dedicatedlanes.lanekeeper.io", "-n", sets],
         vec!["update", "deployments.apps", "-n", sets],
         vec!["create", "events", "-n", sets],
         vec!["create", "leases.coordination.k8s.io", "-n", sets],
@@ -1026,7 +1034,7 @@ fn running() -> &'static Running {
                         "-n",
                         &samples_ns,
                         "-l",
-                        "app.kubernetes.io/instance=webhooks",
+                        "app.kubernetes.io/instance=webhooks,app.kubernetes.io/component=shard",
                         "-o",
                         "name",
                     ])
@@ -1393,8 +1401,8 @@ fn scrape_until(addr: &str, what: &str, want: &[String], log: &Path, pid: u32) -
 /// delivers for one tenant and trips the breaker of another (deliveries,
 /// waits, breaker transitions; worker-seconds, so skew and capacity shares),
 /// a ShardSet whose worker env var name the API server refuses in a
-/// Deployment (reconcile errors), and the
-/// sample DedicatedLane with a status, as the lane reconciler would write it.
+/// Deployment (reconcile errors), and the sample DedicatedLane moved onto
+/// its lane by the lane reconciler.
 fn busy_metrics() -> (String, String) {
     let cp = cluster();
     let run = running();
@@ -1497,18 +1505,6 @@ spec:
     support::scenario::stop(pid);
     drop(s);
 
-    // The lane reconciler (issue 7) will write lane status; here the admin does.
-    cp.kubectl_ok(&[
-        "patch",
-        "dedicatedlane",
-        "webhooks-bigimport",
-        "-n",
-        &run.samples_ns,
-        "--subresource=status",
-        "--type=merge",
-        "-p",
-        r#"{"status":{"phase":"Draining","conditions":[{"type":"Admitted","status":"True","reason":"UnderCap","message":"lane 0 of 8","lastTransitionTime":"2026-01-01T00:00:00Z"}]}}"#,
-    ]);
     // Worker-seconds are read at reconcile: ask for one now rather than in 15 s.
     cp.kubectl_ok(&[
         "annotate",
@@ -1529,7 +1525,7 @@ spec:
                 r#"lanekeeper_tenant_capacity_share{{namespace="{ns}",shard_set="metrics",queue="shard-00",tenant="acme"}}"#
             ),
             format!(
-                r#"lanekeeper_lane_phase{{namespace="{sns}",shard_set="webhooks",lane="webhooks-bigimport",tenant="bigimport-corp",phase="Draining"}} 1"#
+                r#"lanekeeper_lane_phase{{namespace="{sns}",shard_set="webhooks",lane="webhooks-bigimport",tenant="bigimport-corp",phase="Active"}} 1"#
             ),
             format!(
                 r#"lanekeeper_lane_condition{{namespace="{sns}",shard_set="webhooks",lane="webhooks-bigimport",condition="Admitted"}} 1"#
@@ -1560,16 +1556,25 @@ fn dashboards_alerts_and_autoscaling_name_only_metrics_the_binaries_serve() {
             r#"lanekeeper_shardset_condition{{namespace="{ns}",shard_set="webhooks",condition="LaneCapReached"}} 0"#
         ),
         format!(r#"lanekeeper_lanes_max{{namespace="{ns}",shard_set="webhooks"}} 8"#),
-        format!(r#"lanekeeper_lanes_used{{namespace="{ns}",shard_set="webhooks"}} 0"#),
-        format!(
-            r#"lanekeeper_lane_phase{{namespace="{ns}",shard_set="webhooks",lane="webhooks-bigimport",tenant="bigimport-corp",phase="Pending"}} 1"#
-        ),
-        format!(
-            r#"lanekeeper_lane_phase{{namespace="{ns}",shard_set="webhooks",lane="webhooks-bigimport",tenant="bigimport-corp",phase="Active"}} 0"#
-        ),
     ] {
         assert!(first.contains(&want), "missing {want}:\n{first}");
     }
+    // The sample DedicatedLane is admitted and moved onto its lane (lane-0).
+    scrape_until(
+        &run.metrics_addr,
+        "the sample DedicatedLane Active on its lane",
+        &[
+            format!(r#"lanekeeper_lanes_used{{namespace="{ns}",shard_set="webhooks"}} 1"#),
+            format!(
+                r#"lanekeeper_lane_phase{{namespace="{ns}",shard_set="webhooks",lane="webhooks-bigimport",tenant="bigimport-corp",phase="Pending"}} 0"#
+            ),
+            format!(
+                r#"lanekeeper_lane_phase{{namespace="{ns}",shard_set="webhooks",lane="webhooks-bigimport",tenant="bigimport-corp",phase="Active"}} 1"#
+            ),
+        ],
+        &run.log,
+        run.pid,
+    );
     let t = Instant::now();
     let (controller, worker) = busy_metrics();
     eprintln!(
