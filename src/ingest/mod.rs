@@ -190,12 +190,7 @@ impl Ingest {
     fn authorize(&self, headers: &HeaderMap, tenant: &str) -> Result<Principal, ApiError> {
         let who = self.authenticate(headers)?;
         if !who.may_act_for(tenant) {
-            return Err(ApiError::new(
-                StatusCode::FORBIDDEN,
-                "forbidden",
-                None,
-                format!("api key {:?} may not act for tenant {tenant:?}", who.name),
-            ));
+            return Err(ApiError::forbidden(&who, tenant, None));
         }
         Ok(who)
     }
@@ -595,6 +590,15 @@ impl ApiError {
         )
     }
 
+    fn forbidden(who: &Principal, tenant: &str, field: Option<String>) -> Self {
+        Self::new(
+            StatusCode::FORBIDDEN,
+            "forbidden",
+            field,
+            format!("api key {:?} may not act for tenant {tenant:?}", who.name),
+        )
+    }
+
     fn unauthorized(message: &str) -> Self {
         Self::new(StatusCode::UNAUTHORIZED, "unauthorized", None, message)
     }
@@ -712,7 +716,7 @@ async fn post_event(
     let b = body(b, ingest.inner.config.max_body_bytes)?;
     let ev: EventIn = parse(&b)?;
     if !who.may_act_for(&ev.tenant) {
-        ingest.authorize(&headers, &ev.tenant)?;
+        return Err(ApiError::forbidden(&who, &ev.tenant, Some("tenant".into())));
     }
     let envs = ingest.envelopes(ev, b.len(), "").await?;
     let tenant = envs[0].tenant.clone();
@@ -825,14 +829,10 @@ async fn post_batch(
                 }
                 Err(e)
             }
-            Ok(ev) if !who.may_act_for(&ev.tenant) => Err(ApiError::new(
-                StatusCode::FORBIDDEN,
-                "forbidden",
+            Ok(ev) if !who.may_act_for(&ev.tenant) => Err(ApiError::forbidden(
+                &who,
+                &ev.tenant,
                 Some(format!("{at}.tenant")),
-                format!(
-                    "api key {:?} may not act for tenant {:?}",
-                    who.name, ev.tenant
-                ),
             )),
             Ok(ev) => ingest.envelopes(ev, len, &at).await,
         };
