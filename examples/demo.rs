@@ -74,8 +74,11 @@ async fn run() -> i32 {
     tokio::task::spawn_blocking(move || cp.install_crds())
         .await
         .unwrap();
+    // The whale may fill every delivery slot of its shard (cap = concurrency),
+    // so its shard is busy: the promotion loop counts a tenant as hot only
+    // while its shard is contended.
     let spec = "  worker: {image: \"lanekeeper:demo\", replicas: 1, concurrency: 16}\n  \
-                scheduler: {maxInFlightPerTenant: 8}\n  \
+                scheduler: {maxInFlightPerTenant: 16}\n  \
                 promotion: {promoteShare: 0.5, demoteShare: 0.05, promoteAfter: 10s, demoteAfter: 1h, window: 10s, maxLanes: 2}\n  \
                 relocation: {drainTimeout: 60s}\n";
     let env = LaneEnv::start(
