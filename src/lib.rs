@@ -11,6 +11,7 @@ pub mod producer;
 pub mod routing;
 pub mod scheduler;
 pub mod signing;
+pub mod simulate;
 pub mod store;
 pub mod telemetry;
 pub mod worker;

@@ -113,6 +113,17 @@ enum Command {
         #[arg(long, default_value_t = 10)]
         limit: usize,
     },
+
+    /// Compare FIFO, hashed shards, fair scheduling and dedicated lanes on a
+    /// tenant mix, before touching production (needs --redis).
+    ///
+    /// Replays one generated workload (small tenants with power-law volumes,
+    /// whale imports, log-normal endpoint latencies) through each strategy,
+    /// running the production Lua scripts on the Redis given with --redis
+    /// under a virtual clock, in a throwaway ShardSet whose keys it deletes.
+    /// Prints small-tenant wait p50/p95/p99, whale drain time and shard skew
+    /// per strategy, and writes an SVG chart of small-tenant wait over time.
+    Simulate(Box<lanekeeper::simulate::SimulateArgs>),
 }
 
 #[derive(clap::Args, Debug)]
@@ -265,6 +276,9 @@ fn main() -> ExitCode {
             limit,
         } => runtime().and_then(|rt| rt.block_on(top(target, window.into(), limit))),
         Command::Worker(args) => runtime().and_then(|rt| rt.block_on(worker(*args))),
+        Command::Simulate(args) => {
+            runtime().and_then(|rt| rt.block_on(lanekeeper::simulate::run_cli(*args)))
+        }
         Command::Ingest(args) => runtime().and_then(|rt| rt.block_on(ingest(*args))),
         Command::IngestKey {
             name,

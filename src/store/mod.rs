@@ -1102,12 +1102,25 @@ impl Store {
     /// Per-tenant depth, delivered, failed and worker-seconds over `window`
     /// in `q`, largest worker-seconds first.
     pub async fn tenant_stats(&self, q: QueueId, window: Duration) -> Result<Vec<TenantStats>> {
-        let p = self.queue_prefix(q);
         let mut conn = self.conn.clone();
         let now_ms: u64 = {
             let (s, us): (u64, u64) = redis::cmd("TIME").query_async(&mut conn).await?;
             s * 1000 + us / 1000
         };
+        self.tenant_stats_at(q, window, now_ms).await
+    }
+
+    /// [`Store::tenant_stats`] for the window that ends at `now_ms` instead
+    /// of Redis's own time: the capacity simulator reads attribution at its
+    /// virtual time (see [`Store::set_virtual_clock`]).
+    pub async fn tenant_stats_at(
+        &self,
+        q: QueueId,
+        window: Duration,
+        now_ms: u64,
+    ) -> Result<Vec<TenantStats>> {
+        let p = self.queue_prefix(q);
+        let mut conn = self.conn.clone();
         let newest = now_ms / (WORKER_SECONDS_BUCKET * 1000);
         let buckets = window.as_secs().div_ceil(WORKER_SECONDS_BUCKET).max(1);
         let tenants: Vec<String> = redis::cmd("SMEMBERS")
@@ -1285,6 +1298,98 @@ impl Store {
                 })
             })
             .collect()
+    }
+
+    // ---- capacity simulator support -------------------------------------
+    // Used only by `lanekeeper simulate` (crate::simulate), on a throwaway set.
+
+    /// Run `q`'s scripts at the virtual time `ms` instead of Redis TIME,
+    /// until [`Store::clear_virtual_clock`]. The scripts read the clock with
+    /// the queue's policy (one HMGET they do anyway), so this costs them
+    /// nothing; it exists for the capacity simulator, which replays a day
+    /// of traffic through the production scripts in seconds. Never set it
+    /// on a live queue: leases, retries and breakers would stop aging.
+    pub async fn set_virtual_clock(&self, q: QueueId, ms: u64) -> Result<()> {
+        let mut conn = self.conn.clone();
+        redis::cmd("HSET")
+            .arg(format!("{}:conf", self.queue_prefix(q)))
+            .arg("clock")
+            .arg(ms)
+            .query_async::<()>(&mut conn)
+            .await?;
+        Ok(())
+    }
+
+    /// Back to Redis TIME for `q`.
+    pub async fn clear_virtual_clock(&self, q: QueueId) -> Result<()> {
+        let mut conn = self.conn.clone();
+        redis::cmd("HDEL")
+            .arg(format!("{}:conf", self.queue_prefix(q)))
+            .arg("clock")
+            .query_async::<()>(&mut conn)
+            .await?;
+        Ok(())
+    }
+
+    /// The simulator's FIFO baseline: append `ids` to `q`'s plain list (one
+    /// `RPUSH`). Not read by any production script.
+    pub async fn fifo_push(&self, q: QueueId, ids: &[String]) -> Result<()> {
+        if ids.is_empty() {
+            return Ok(());
+        }
+        let mut conn = self.conn.clone();
+        redis::cmd("RPUSH")
+            .arg(format!("{}:fifo", self.queue_prefix(q)))
+            .arg(ids)
+            .query_async::<()>(&mut conn)
+            .await?;
+        Ok(())
+    }
+
+    /// The simulator's FIFO baseline: the oldest id of `q`'s plain list
+    /// (`LPOP`), if any.
+    pub async fn fifo_pop(&self, q: QueueId) -> Result<Option<String>> {
+        let mut conn = self.conn.clone();
+        Ok(redis::cmd("LPOP")
+            .arg(format!("{}:fifo", self.queue_prefix(q)))
+            .query_async(&mut conn)
+            .await?)
+    }
+
+    /// Delete every key of this set (its queues and its routing table):
+    /// the simulator's cleanup of its throwaway set. Returns how many.
+    pub async fn purge_set(&self) -> Result<u64> {
+        let mut conn = self.conn.clone();
+        let mut removed = 0u64;
+        // `lk:{ns/name/<queue>}...` and `lk:{ns/name}:...`
+        for pattern in [
+            format!("lk:{{{}/{}/*", self.set.namespace, self.set.name),
+            format!("lk:{{{}/{}}}*", self.set.namespace, self.set.name),
+        ] {
+            let mut cursor = 0u64;
+            loop {
+                let (next, keys): (u64, Vec<String>) = redis::cmd("SCAN")
+                    .arg(cursor)
+                    .arg("MATCH")
+                    .arg(&pattern)
+                    .arg("COUNT")
+                    .arg(1000)
+                    .query_async(&mut conn)
+                    .await?;
+                if !keys.is_empty() {
+                    let n: u64 = redis::cmd("UNLINK")
+                        .arg(&keys)
+                        .query_async(&mut conn)
+                        .await?;
+                    removed += n;
+                }
+                if next == 0 {
+                    break;
+                }
+                cursor = next;
+            }
+        }
+        Ok(removed)
     }
 }
 

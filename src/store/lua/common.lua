@@ -2,7 +2,8 @@
 -- `lk:{<namespace>/<set>/<queue>}`: every key below starts with it, so all
 -- keys of a queue share one hash tag and each script touches one slot.
 --
---   P:conf            HASH  quantum, cap, ordered, weight, est0, maxatt, idttl,
+--   P:conf            HASH  quantum, cap, ordered, weight, est0, maxatt, idttl, clock (virtual ms,
+--                           simulator only),
 --                           mnext (next time a lease does maintenance),
 --                           bratio, bmin, bwin (ms), bopen (ms): the circuit breaker
 --   P:weights         HASH  tenant -> weight
@@ -42,13 +43,16 @@
 local P, RING, LEASES, DELAYED, BLOCKED
 local QUANTUM, ORDERED, CAP, DEFAULT_WEIGHT, EST0, MAX_ATTEMPTS, ID_TTL, MAINT_NEXT
 local BR_RATIO, BR_MIN, BR_WINDOW, BR_OPEN
+-- A virtual clock (ms), set only by the capacity simulator (`lanekeeper
+-- simulate`, through Store::set_virtual_clock); nil means Redis TIME.
+local CLOCK
 
 -- The first step of every per-queue function: KEYS[1] is the queue prefix.
 local function begin(keys)
   P = keys[1]
   RING, LEASES, DELAYED, BLOCKED = P .. ':ring', P .. ':leases', P .. ':delayed', P .. ':blocked'
   local conf = redis.call('HMGET', P .. ':conf', 'quantum', 'cap', 'ordered', 'weight', 'est0', 'maxatt', 'idttl',
-    'mnext', 'bratio', 'bmin', 'bwin', 'bopen')
+    'mnext', 'bratio', 'bmin', 'bwin', 'bopen', 'clock')
   QUANTUM = tonumber(conf[1]) or 2.0
   ORDERED = conf[3] == '1'
   CAP = ORDERED and 1 or (tonumber(conf[2]) or 8)
@@ -61,9 +65,11 @@ local function begin(keys)
   BR_MIN = tonumber(conf[10]) or 20
   BR_WINDOW = tonumber(conf[11]) or 60000
   BR_OPEN = tonumber(conf[12]) or 30000
+  CLOCK = tonumber(conf[13])
 end
 
 local function now_ms()
+  if CLOCK then return CLOCK end
   local t = redis.call('TIME')
   return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 end
