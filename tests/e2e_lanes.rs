@@ -718,3 +718,117 @@ async fn a_drain_past_its_timeout_aborts_and_the_tenant_keeps_flowing() {
         first_abort
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_flapping_tenant_is_not_moved_back_and_forth() {
+    let _turn = SERIAL.lock().await;
+    let cp = cluster();
+    // Bursts of 2 s that overload the shard, then 10 s of quiet: hot for a
+    // few seconds at a time (until the burst's backlog drains), promoteAfter 15 s.
+    let env = LaneEnv::start(
+        cp,
+        "lane-flap",
+        1,
+        "  worker: {image: \"lanekeeper:test\", replicas: 1, concurrency: 8}\n  promotion: {promoteShare: 0.5, demoteShare: 0.1, promoteAfter: 15s, demoteAfter: 15s, window: 10s}\n  relocation: {drainTimeout: 60s}\n",
+        &["--promotion-tick", "1s"],
+        &["--concurrency", "8"],
+    )
+    .await;
+    env.endpoint("flap", "delay-50").await;
+    env.endpoint("base", "delay-50").await;
+    let base = Traffic::start(&env.store, "base", 10.0);
+    let mut next = 0;
+    let mut hot_spells: Vec<String> = Vec::new();
+    let mut lanes_created = std::collections::BTreeSet::new();
+    let mut retired = std::collections::BTreeSet::new();
+    let started = Instant::now();
+    for _cycle in 0..6 {
+        let burst = Traffic::start_at(&env.store, "flap", 200.0, next);
+        let until = Instant::now() + Duration::from_secs(2);
+        let mut burst = Some(burst);
+        let cycle_end = Instant::now() + Duration::from_secs(12);
+        while Instant::now() < cycle_end {
+            if Instant::now() >= until {
+                if let Some(b) = burst.take() {
+                    next = b.stop().await.count;
+                }
+            }
+            let st = env.shardset().await.status.unwrap_or_default();
+            for c in st
+                .promotion_candidates
+                .iter()
+                .filter(|c| c.tenant == "flap")
+            {
+                let since = c.hot_since.0.to_string();
+                if !hot_spells.contains(&since) {
+                    hot_spells.push(since);
+                }
+            }
+            for l in env.lanes().await {
+                lanes_created.insert(l.metadata.uid.clone().unwrap_or_default());
+                if l.spec.retire {
+                    retired.insert(l.metadata.uid.clone().unwrap_or_default());
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(250)).await;
+        }
+    }
+    let base_sent = base.stop().await;
+    eprintln!(
+        "flapping: {} hot spells (hotSince {:?}) in {:.0}s; transitions: {} promotions, {} demotions",
+        hot_spells.len(),
+        hot_spells,
+        started.elapsed().as_secs_f64(),
+        lanes_created.len(),
+        retired.len()
+    );
+    assert!(
+        hot_spells.len() >= 2,
+        "the tenant did not oscillate across the promotion threshold: {hot_spells:?}"
+    );
+    // Each hot spell restarts the timer: a promotion (if the machine was slow
+    // enough for one burst's backlog to keep the tenant hot for promoteAfter)
+    // comes at least promoteAfter after the hotSince of its own spell, never
+    // from the sum of earlier spells; and it is not undone.
+    for uid in &lanes_created {
+        let l = env
+            .lanes()
+            .await
+            .into_iter()
+            .find(|l| l.metadata.uid.as_deref() == Some(uid.as_str()))
+            .unwrap();
+        let created = l.metadata.creation_timestamp.clone().unwrap().0;
+        let last_spell: k8s_openapi::jiff::Timestamp = hot_spells
+            .iter()
+            .map(|s| s.parse().unwrap())
+            .filter(|t: &k8s_openapi::jiff::Timestamp| *t <= created)
+            .max()
+            .unwrap();
+        assert!(
+            created.as_second() - last_spell.as_second() >= 15 - 1,
+            "promoted {}s into a hot spell; promoteAfter is 15s (spells {hot_spells:?})",
+            created.as_second() - last_spell.as_second()
+        );
+    }
+    let transitions = lanes_created.len() + retired.len();
+    assert!(
+        transitions <= 1,
+        "{transitions} promotions and demotions of one flapping tenant"
+    );
+    assert!(retired.is_empty(), "demoted while still bursting");
+    // Nothing lost either.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let a = env.receiver.arrivals();
+        let got = |t: &str| a.iter().filter(|x| x.accepted && x.tenant == t).count() as u64;
+        if got("flap") == next && got("base") == base_sent.count {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "flap {}/{next} arrived",
+            got("flap")
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}

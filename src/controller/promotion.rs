@@ -5,8 +5,9 @@
 //!
 //! A tenant on a hash shard is *hot* while its share of the shard's
 //! worker-seconds over the window is at least `promoteShare` **and** the shard
-//! is contended (another tenant is waiting, or another tenant is active and
-//! the shard's workers are busy). It is promoted once hot for `promoteAfter`
+//! is contended: another tenant is waiting, or another tenant is active and
+//! the shard is busy (its workers were at least 80% in use over the window,
+//! or more is outstanding than it has delivery slots). It is promoted once hot for `promoteAfter`
 //! without a break. A tenant on an Active lane is *cold* while the share it
 //! would have of its hash shard (its lane's worker-seconds over those plus
 //! the shard's) is below `demoteShare`; it is demoted once cold for
@@ -140,7 +141,11 @@ pub fn shard_observations(
 ) -> Vec<Observation> {
     let total: f64 = stats.iter().map(|t| t.worker_seconds).sum();
     let capacity = workers * covered.as_secs_f64().max(1.0);
-    let busy = capacity > 0.0 && total / capacity >= BUSY_UTILISATION;
+    // Busy: the workers were mostly in use over the window, or more is
+    // outstanding right now than there are delivery slots (a backlog).
+    let outstanding: u64 = stats.iter().map(|t| t.depth).sum();
+    let busy = (capacity > 0.0 && total / capacity >= BUSY_UTILISATION)
+        || (workers > 0.0 && outstanding as f64 > workers);
     stats
         .iter()
         .filter(|t| !skip.contains(&t.tenant))
@@ -520,6 +525,12 @@ mod tests {
         assert!(!shard_observations(QueueId::Shard(0), &quiet, 8.0, covered, &none)[0].contended);
         let busy = [st("a", 60.0, 0), st("b", 10.0, 0)];
         assert!(shard_observations(QueueId::Shard(0), &busy, 8.0, covered, &none)[0].contended);
+        // Others active and a backlog beyond the delivery slots: contended.
+        let backlog = [st("whale", 5.0, 400), st("small", 0.5, 0)];
+        assert!(shard_observations(QueueId::Shard(0), &backlog, 8.0, covered, &none)[0].contended);
+        // A backlog alone in its shard is still not contended.
+        let lone = [st("whale", 5.0, 400)];
+        assert!(!shard_observations(QueueId::Shard(0), &lone, 8.0, covered, &none)[0].contended);
         // Tenants with a lane are not candidates.
         let skip = BTreeSet::from(["a".to_string()]);
         let o = shard_observations(QueueId::Shard(0), &busy, 8.0, covered, &skip);

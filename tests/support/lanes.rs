@@ -355,13 +355,21 @@ pub struct Traffic {
 
 impl Traffic {
     pub fn start(store: &Store, tenant: &str, per_sec: f64) -> Traffic {
+        Self::start_at(store, tenant, per_sec, 0)
+    }
+
+    /// Like [`Traffic::start`], numbering from `first` (`Sent::count` is then the next number).
+    pub fn start_at(store: &Store, tenant: &str, per_sec: f64, first: u64) -> Traffic {
         let stop = Arc::new(AtomicBool::new(false));
         let producer = Producer::new(store.clone(), Duration::from_millis(200));
         let tenant = tenant.to_string();
         let task = {
             let stop = stop.clone();
             tokio::spawn(async move {
-                let mut sent = Sent::default();
+                let mut sent = Sent {
+                    count: first,
+                    ..Default::default()
+                };
                 let every = Duration::from_secs_f64(1.0 / per_sec);
                 let started = Instant::now();
                 while !stop.load(Ordering::SeqCst) {
@@ -372,7 +380,7 @@ impl Traffic {
                     }
                     sent.queues.push(q);
                     sent.count += 1;
-                    let next = started + every.mul_f64(sent.count as f64);
+                    let next = started + every.mul_f64((sent.count - first) as f64);
                     tokio::time::sleep_until(next.into()).await;
                 }
                 sent
