@@ -109,7 +109,7 @@ pub struct StrategyResult {
     pub whale_drain: Vec<(String, f64)>,
     /// Max over median of the shards' worker-seconds (1 with one queue).
     pub skew: f64,
-    /// Small-tenant p95 wait (seconds) of the envelopes arriving in each
+    /// Small-tenant p99 wait (seconds) of the envelopes arriving in each
     /// [`Report::bucket_s`]-long bucket; None where none arrived.
     pub series: Vec<Option<f64>>,
     /// Tenants given a dedicated lane, and when (virtual seconds).
@@ -584,7 +584,7 @@ impl<'a> Sim<'a> {
             .into_iter()
             .map(|mut b| {
                 b.sort_unstable();
-                (!b.is_empty()).then(|| percentile(&b, 0.95))
+                (!b.is_empty()).then(|| percentile(&b, 0.99))
             })
             .collect();
         let mut whale_drain = Vec::new();

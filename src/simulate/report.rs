@@ -87,7 +87,16 @@ fn esc(s: &str) -> String {
         .replace('"', "&quot;")
 }
 
-/// The chart: small-tenant p95 wait (log scale) against arrival time, one
+/// A decade of seconds as an axis label: `1 ms` ... `100 s`, `1000 s`.
+fn decade_label(decade: i32) -> String {
+    if decade < 0 {
+        format!("{} ms", 10i64.pow((decade + 3) as u32))
+    } else {
+        format!("{} s", 10i64.pow(decade as u32))
+    }
+}
+
+/// The chart: small-tenant p99 wait (log scale) against arrival time, one
 /// polyline per strategy.
 pub fn svg(r: &Report) -> String {
     let (w, h) = (900.0, 440.0);
@@ -112,7 +121,7 @@ pub fn svg(r: &Report) -> String {
     let _ = writeln!(o, r#"<rect width="{w}" height="{h}" fill="white"/>"#);
     let _ = writeln!(
         o,
-        r#"<text x="{left}" y="22" font-size="15">Small-tenant wait (p95 per {:.1} s of arrivals), {} shards x {} workers</text>"#,
+        r#"<text x="{left}" y="22" font-size="15">Small-tenant wait (p99 of each {:.1} s of arrivals), {} shards x {} workers</text>"#,
         r.bucket_s, r.mix.shards, r.mix.workers
     );
     // axes and grid
@@ -120,7 +129,7 @@ pub fn svg(r: &Report) -> String {
     while decade as f64 <= hi {
         let secs = 10f64.powi(decade);
         let yy = y(secs);
-        let label = super::report::fmt_secs(secs);
+        let label = decade_label(decade);
         let _ = writeln!(
             o,
             r##"<line x1="{left}" y1="{yy:.1}" x2="{:.1}" y2="{yy:.1}" stroke="#ddd"/><text x="{:.1}" y="{:.1}" text-anchor="end">{label}</text>"##,
@@ -154,6 +163,12 @@ pub fn svg(r: &Report) -> String {
     // one polyline per strategy, and its legend entry
     for (k, s) in r.results.iter().enumerate() {
         let color = COLORS[k % COLORS.len()];
+        // lanes often coincide with fair: dashed, so both stay visible
+        let dash = if k % 2 == 1 {
+            r#" stroke-dasharray="6 4""#
+        } else {
+            ""
+        };
         let points: Vec<String> = s
             .series
             .iter()
@@ -164,7 +179,7 @@ pub fn svg(r: &Report) -> String {
             .collect();
         let _ = writeln!(
             o,
-            r#"<polyline fill="none" stroke="{color}" stroke-width="2" points="{}"><title>{}</title></polyline>"#,
+            r#"<polyline fill="none" stroke="{color}" stroke-width="2"{dash} points="{}"><title>{}</title></polyline>"#,
             points.join(" "),
             esc(s.strategy.name())
         );
@@ -172,7 +187,7 @@ pub fn svg(r: &Report) -> String {
         let lx = left + pw + 15.0;
         let _ = writeln!(
             o,
-            r#"<line x1="{lx:.1}" y1="{ly:.1}" x2="{:.1}" y2="{ly:.1}" stroke="{color}" stroke-width="3"/><text x="{:.1}" y="{:.1}">{} (p99 {})</text>"#,
+            r#"<line x1="{lx:.1}" y1="{ly:.1}" x2="{:.1}" y2="{ly:.1}" stroke="{color}" stroke-width="3"{dash}/><text x="{:.1}" y="{:.1}">{} (p99 {})</text>"#,
             lx + 20.0,
             lx + 26.0,
             ly + 4.0,
