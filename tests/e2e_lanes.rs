@@ -326,9 +326,9 @@ async fn order_holds_across_promote_retire_and_delete_under_continuous_enqueue()
     let moved = &sent[1];
     let queues: std::collections::BTreeSet<_> = moved.queues.iter().collect();
     eprintln!(
-        "order kept for {:?} ({} events each at 40/s); ordb went through {queues:?}, {} of its events were held during the moves; phases seen {seen:?}; {} phase events",
+        "order kept for {:?} ({:?} events at 40/s each); ordb went through {queues:?}, {} of its events were held during the moves; phases seen {seen:?}; {} phase events",
         tenants,
-        sent.iter().map(|s| s.count).collect::<Vec<_>>().len(),
+        sent.iter().map(|s| s.count).collect::<Vec<_>>(),
         moved.held_ms.len(),
         reasons.len()
     );

@@ -281,16 +281,14 @@ pub fn conditions(
     vec![ready, relocating, admitted]
 }
 
-fn refusal_of(lane: &DedicatedLane) -> Option<Refusal> {
-    let st = lane.status.as_ref()?;
-    let c = st.conditions.iter().find(|c| c.type_ == "Admitted")?;
-    (c.status == "False" && c.reason == "LaneCapReached")
-        .then_some(Refusal::LaneCapReached { used: 0, max: 0 })
-}
-
 /// Is this lane waiting because of the cap? (For the ShardSet's `LaneCapReached`.)
 pub fn waits_for_cap(lane: &DedicatedLane) -> bool {
-    refusal_of(lane).is_some() && lane.status.as_ref().is_some_and(|s| s.lane_index.is_none())
+    lane.status.as_ref().is_some_and(|st| {
+        st.lane_index.is_none()
+            && st.conditions.iter().any(|c| {
+                c.type_ == "Admitted" && c.status == "False" && c.reason == "LaneCapReached"
+            })
+    })
 }
 
 /// Run the DedicatedLane controller until `stop` resolves.
@@ -1056,6 +1054,55 @@ mod tests {
             admit("b", &lanes, 8),
             Err(Refusal::DuplicateTenant("a".into()))
         );
+    }
+
+    #[test]
+    fn the_set_counts_admitted_lanes_and_sees_one_waiting_for_the_cap() {
+        let lane = |name: &str, set: &str, status: serde_json::Value| -> DedicatedLane {
+            serde_json::from_value(serde_json::json!({
+                "apiVersion": "lanekeeper.io/v1alpha1",
+                "kind": "DedicatedLane",
+                "metadata": {"name": name},
+                "spec": {"shardSet": set, "tenant": name},
+                "status": status,
+            }))
+            .unwrap()
+        };
+        let cond = |reason: &str| {
+            serde_json::json!([{"type": "Admitted", "status": "False", "reason": reason,
+                "message": "", "lastTransitionTime": "2026-01-01T00:00:00Z"}])
+        };
+        let lanes = vec![
+            lane(
+                "a",
+                "hooks",
+                serde_json::json!({"phase": "Active", "laneIndex": 0}),
+            ),
+            lane(
+                "b",
+                "hooks",
+                serde_json::json!({"phase": "Draining", "laneIndex": 1}),
+            ),
+            lane(
+                "c",
+                "other",
+                serde_json::json!({"phase": "Active", "laneIndex": 0}),
+            ),
+            lane(
+                "d",
+                "hooks",
+                serde_json::json!({"phase": "Pending", "conditions": cond("DuplicateTenant")}),
+            ),
+        ];
+        assert_eq!(summary("hooks", &lanes), (2, false));
+        let mut lanes = lanes;
+        lanes.push(lane(
+            "e",
+            "hooks",
+            serde_json::json!({"phase": "Pending", "conditions": cond("LaneCapReached")}),
+        ));
+        assert_eq!(summary("hooks", &lanes), (2, true));
+        assert_eq!(summary("other", &lanes), (1, false));
     }
 
     #[test]
