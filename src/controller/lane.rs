@@ -911,7 +911,14 @@ async fn step_until_wait(io: &mut Io<'_>) -> Result<Action, LaneError> {
                     continue;
                 }
                 if let Some(i) = st.lane_index {
+                    // Follow changes of the set's worker template and scheduler policy.
                     io.apply_deployment(i).await?;
+                    io.store
+                        .configure_queue(
+                            QueueId::Lane(i as u8),
+                            &QueuePolicy::from_spec(&io.set.spec),
+                        )
+                        .await?;
                 }
                 // Keep the conditions (and observedGeneration) current.
                 let before = io.lane.status.clone().unwrap_or_default();
