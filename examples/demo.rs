@@ -32,6 +32,8 @@ const IMPORT: u64 = 200_000;
 const SMALL_TENANTS: usize = 12;
 /// Each small tenant sends one password reset this often.
 const RESET_EVERY: Duration = Duration::from_millis(400);
+/// Between two batches of 1,000 records of the import.
+const IMPORT_PACE: Duration = Duration::from_millis(250);
 const GIVE_UP: Duration = Duration::from_secs(600);
 
 fn main() {
@@ -74,20 +76,21 @@ async fn run() -> i32 {
     tokio::task::spawn_blocking(move || cp.install_crds())
         .await
         .unwrap();
-    // The whale may fill every delivery slot of its shard (cap = concurrency),
-    // so its shard is busy: the promotion loop counts a tenant as hot only
-    // while its shard is contended.
-    let spec = "  worker: {image: \"lanekeeper:demo\", replicas: 1, concurrency: 16}\n  \
-                scheduler: {maxInFlightPerTenant: 16}\n  \
+    // The whale may fill every delivery slot of its shard (cap = concurrency)
+    // and its endpoint takes 5 ms, so its shard is busy: the promotion loop
+    // counts a tenant as hot only while its shard is contended (others
+    // waiting, or the workers' time over 80% used).
+    let spec = "  worker: {image: \"lanekeeper:demo\", replicas: 1, concurrency: 8}\n  \
+                scheduler: {maxInFlightPerTenant: 8}\n  \
                 promotion: {promoteShare: 0.5, demoteShare: 0.05, promoteAfter: 10s, demoteAfter: 1h, window: 10s, maxLanes: 2}\n  \
-                relocation: {drainTimeout: 60s}\n";
+                relocation: {drainTimeout: 10m}\n";
     let env = LaneEnv::start(
         cp,
         "demo",
         SHARDS,
         spec,
         &["--promotion-tick", "2s"],
-        &["--concurrency", "16"],
+        &["--concurrency", "8"],
     )
     .await;
     println!(
@@ -105,8 +108,8 @@ async fn run() -> i32 {
     let smalls: Vec<String> = (0..SMALL_TENANTS)
         .map(|i| env.tenant_on(&format!("shop{i}-"), (i % SHARDS as usize) as u16))
         .collect();
-    // The whale's endpoint takes 2 ms, the shops' answer at once.
-    register(&http, &base, &key, &env.receiver, &whale, "delay-2").await;
+    // The whale's endpoint takes 5 ms, the shops' answer at once.
+    register(&http, &base, &key, &env.receiver, &whale, "delay-5").await;
     for t in &smalls {
         register(&http, &base, &key, &env.receiver, t, "ok").await;
     }
@@ -179,6 +182,8 @@ async fn run() -> i32 {
                     tokio::time::sleep(Duration::from_millis(500)).await;
                 }
                 imported.fetch_add(1000, Ordering::Relaxed);
+                // An import job's pace: 4,000 records a second, for 50 s.
+                tokio::time::sleep(IMPORT_PACE).await;
             }
         })
     };
@@ -218,9 +223,24 @@ async fn run() -> i32 {
             depth.push(format!("{q} {d:>6}"));
         }
         let lanes = env.lanes().await;
+        let mut lane_depth = Vec::new();
+        for l in &lanes {
+            let index = l.status.as_ref().and_then(|s| s.lane_index);
+            let depth = match index {
+                Some(i) => env
+                    .store
+                    .tenant_state(QueueId::Lane(i as u8), &l.spec.tenant)
+                    .await
+                    .map(|st| st.depth)
+                    .unwrap_or(0),
+                None => 0,
+            };
+            lane_depth.push((index, depth));
+        }
         let lane_text: Vec<String> = lanes
             .iter()
-            .map(|l| {
+            .zip(&lane_depth)
+            .map(|(l, (index, depth))| {
                 let phase = l
                     .status
                     .as_ref()
@@ -232,21 +252,20 @@ async fn run() -> i32 {
                 if phase == "Active" && active_at.is_none() {
                     active_at = Some(now);
                 }
-                format!(
-                    "{} ({}) {phase}",
-                    l.metadata.name.clone().unwrap_or_default(),
-                    l.spec.tenant
-                )
+                match index {
+                    Some(i) => format!("lane-{i} {depth:>6} ({}) {phase}", l.spec.tenant),
+                    None => format!("({}) {phase}", l.spec.tenant),
+                }
             })
             .collect();
         if !lanes.is_empty() && promoted_at.is_none() {
             promoted_at = Some(now);
         }
         println!(
-            "t={:>4.0}s | {} | lanes: {:<40} | shops' wait p95 (5 s) {:>5} ms | import posted {:>6}, delivered {:>6}",
+            "t={:>4.0}s | {} | {:<34} | shops' wait p95 (5 s) {:>5} ms | import posted {:>6}, delivered {:>6}",
             (now - t0) as f64 / 1000.0,
             depth.join("  "),
-            if lane_text.is_empty() { "none".to_string() } else { lane_text.join(", ") },
+            if lane_text.is_empty() { "no lanes".to_string() } else { lane_text.join(", ") },
             p95,
             imported.load(Ordering::Relaxed),
             whale_done
