@@ -334,3 +334,36 @@ fn the_binary_prints_the_table_and_writes_the_chart() {
         Vec::<String>::new()
     );
 }
+
+#[test]
+fn an_interrupted_run_deletes_its_keys() {
+    let redis = support::redis::shared();
+    let exe = env!("CARGO_BIN_EXE_lanekeeper");
+    let dir = tempfile::tempdir().unwrap();
+    let mix = concat!(env!("CARGO_MANIFEST_DIR"), "/config/simulate/mix.yaml");
+    // the full sample mix: minutes in a debug build, so it is mid-run when stopped
+    let child = Command::new(exe)
+        .args(["simulate", "--redis", &redis.url, "--mix", mix, "--svg"])
+        .arg(dir.path().join("chart.svg"))
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let pid = child.id();
+    let prefix = format!("sim-{pid}-");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while leftover_keys(&redis.url, &prefix).is_empty() {
+        assert!(Instant::now() < deadline, "the run never wrote to Redis");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    std::thread::sleep(Duration::from_secs(1));
+    unsafe { libc::kill(pid as i32, libc::SIGTERM) };
+    let out = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(
+        stderr.contains("interrupted; deleted the run's"),
+        "{stderr}"
+    );
+    assert_eq!(leftover_keys(&redis.url, &prefix), Vec::<String>::new());
+}

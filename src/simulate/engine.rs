@@ -146,12 +146,9 @@ impl Report {
     }
 }
 
-/// Run every strategy on `workload` against the Redis at `url`. Each
-/// strategy works in its own throwaway ShardSet (namespace `simulate`),
-/// whose keys are deleted afterwards, whether it succeeded or not.
-pub async fn run(url: &str, mix: &Mix, workload: &Workload) -> anyhow::Result<Report> {
-    mix.validate()?;
-    let unique = format!(
+/// A name for one run's throwaway sets, unique per process and time.
+pub fn run_id() -> String {
+    format!(
         "sim-{}-{:x}",
         std::process::id(),
         std::time::SystemTime::now()
@@ -159,12 +156,35 @@ pub async fn run(url: &str, mix: &Mix, workload: &Workload) -> anyhow::Result<Re
             .unwrap_or_default()
             .as_micros()
             & 0xffff_ffff
-    );
+    )
+}
+
+/// The throwaway ShardSet of `strategy` in the run `run_id`.
+pub fn set_of(run_id: &str, strategy: Strategy) -> SetId {
+    SetId::new("simulate", format!("{run_id}-{}", strategy as u8))
+}
+
+/// Run every strategy on `workload` against the Redis at `url`. Each
+/// strategy works in its own throwaway ShardSet (namespace `simulate`),
+/// whose keys are deleted afterwards, whether it succeeded or not.
+pub async fn run(url: &str, mix: &Mix, workload: &Workload) -> anyhow::Result<Report> {
+    run_as(url, mix, workload, &run_id()).await
+}
+
+/// [`run`] in the sets of `run_id` (see [`set_of`]), so that a caller
+/// interrupted midway can delete them ([`purge`]).
+pub async fn run_as(
+    url: &str,
+    mix: &Mix,
+    workload: &Workload,
+    run_id: &str,
+) -> anyhow::Result<Report> {
+    mix.validate()?;
     let duration_s = Duration::from(mix.duration).as_secs_f64().max(0.001);
     let bucket_s = duration_s / CHART_BUCKETS as f64;
     let mut results = Vec::new();
     for strategy in Strategy::ALL {
-        let set = SetId::new("simulate", format!("{unique}-{}", strategy as u8));
+        let set = set_of(run_id, strategy);
         let opts = ConnectOptions {
             connect_timeout: Duration::from_secs(5),
             response_timeout: Duration::from_secs(60),
@@ -189,6 +209,17 @@ pub async fn run(url: &str, mix: &Mix, workload: &Workload) -> anyhow::Result<Re
         bucket_s,
         results,
     })
+}
+
+/// Delete the keys of every set of the run `run_id` (after an interruption).
+pub async fn purge(url: &str, run_id: &str) -> anyhow::Result<u64> {
+    let mut removed = 0;
+    for strategy in Strategy::ALL {
+        let store =
+            Store::connect(url, set_of(run_id, strategy), ConnectOptions::default()).await?;
+        removed += store.purge_set().await?;
+    }
+    Ok(removed)
 }
 
 /// What a virtual worker is doing.

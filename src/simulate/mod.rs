@@ -32,7 +32,7 @@ use anyhow::{bail, Context};
 use kube::core::Duration;
 use serde::{Deserialize, Serialize};
 
-pub use engine::{run, Report, Strategy, StrategyResult, WaitStats};
+pub use engine::{purge, run, run_as, run_id, set_of, Report, Strategy, StrategyResult, WaitStats};
 pub use report::{svg, table};
 pub use workload::{Arrival, Workload};
 
@@ -383,10 +383,39 @@ pub async fn run_cli(args: SimulateArgs) -> anyhow::Result<()> {
         mix.shards,
         mix.workers,
     );
-    let report = run(&args.redis, &mix, &workload).await?;
+    // Ctrl-C (or SIGTERM) midway: delete the run's keys, then stop.
+    let id = run_id();
+    let report = tokio::select! {
+        r = run_as(&args.redis, &mix, &workload, &id) => r?,
+        _ = interrupted() => {
+            let removed = purge(&args.redis, &id).await?;
+            bail!("interrupted; deleted the run's {removed} keys");
+        }
+    };
     print!("{}", table(&report));
     std::fs::write(&args.svg, svg(&report))
         .with_context(|| format!("writing {}", args.svg.display()))?;
     println!("chart: {}", args.svg.display());
     Ok(())
+}
+
+/// Resolves on SIGINT or SIGTERM.
+async fn interrupted() {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{signal, SignalKind};
+        match signal(SignalKind::terminate()) {
+            Ok(mut term) => tokio::select! {
+                _ = tokio::signal::ctrl_c() => {}
+                _ = term.recv() => {}
+            },
+            Err(_) => {
+                let _ = tokio::signal::ctrl_c().await;
+            }
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = tokio::signal::ctrl_c().await;
+    }
 }
