@@ -107,7 +107,8 @@ pub struct StrategyResult {
     pub small: WaitStats,
     /// Per whale: first arrival to last delivery finished, seconds.
     pub whale_drain: Vec<(String, f64)>,
-    /// Max over median of the shards' worker-seconds (1 with one queue).
+    /// Max over median of the shards' worker-seconds (1 with one queue;
+    /// infinite when the median shard did nothing).
     pub skew: f64,
     /// Small-tenant p99 wait (seconds) of the envelopes arriving in each
     /// [`Report::bucket_s`]-long bucket; None where none arrived.

@@ -61,16 +61,34 @@ pub fn table(r: &Report) -> String {
                 .collect::<Vec<_>>()
                 .join(", ")
         };
+        // no small tenants: no waits to show; an idle median shard: no skew ratio
+        let wait = |v: f64| {
+            if s.small.count == 0 {
+                "-".to_string()
+            } else {
+                fmt_secs(v)
+            }
+        };
+        let delayed = if s.small.count == 0 {
+            "-".to_string()
+        } else {
+            format!("{:.1}%", s.small.delayed_share * 100.0)
+        };
+        let skew = if s.skew.is_finite() {
+            format!("{:.2}", s.skew)
+        } else {
+            "-".to_string()
+        };
         let _ = writeln!(
             out,
-            "{:<12} {:>10} {:>10} {:>10} {:>9.1}% {:>12} {:>6.2} {:>8}  {}",
+            "{:<12} {:>10} {:>10} {:>10} {:>10} {:>12} {:>6} {:>8}  {}",
             s.strategy.name(),
-            fmt_secs(s.small.p50),
-            fmt_secs(s.small.p95),
-            fmt_secs(s.small.p99),
-            s.small.delayed_share * 100.0,
+            wait(s.small.p50),
+            wait(s.small.p95),
+            wait(s.small.p99),
+            delayed,
             s.max_whale_drain().map_or("-".to_string(), fmt_secs),
-            s.skew,
+            skew,
             fmt_secs(s.wall.as_secs_f64()),
             lanes
         );
