@@ -35,7 +35,7 @@ fn key_entry(name: &str, key: &str, scope: &str) -> String {
 
 async fn api_on(redis_url: &str, config: Config) -> Api {
     static N: AtomicU32 = AtomicU32::new(0);
-    let set = SetId::new("ingest", &format!("s{}", N.fetch_add(1, Ordering::Relaxed)));
+    let set = SetId::new("ingest", format!("s{}", N.fetch_add(1, Ordering::Relaxed)));
     let store = Store::connect(
         redis_url,
         set,
