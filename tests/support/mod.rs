@@ -4,6 +4,7 @@
 #![allow(dead_code)]
 
 pub mod controlplane;
+pub mod demo;
 pub mod lanes;
 pub mod process;
 pub mod receiver;
