@@ -60,11 +60,17 @@ impl Producer {
                     .push(i);
             }
             for (q, idx) in by_queue {
-                let batch: Vec<Envelope> = idx.iter().map(|&i| envs[i].clone()).collect();
+                // All of them, in order, to one queue (the usual case): no copies.
+                let whole = idx.len() == envs.len() && idx.iter().enumerate().all(|(k, &i)| k == i);
+                let batch: Vec<Envelope> = if whole {
+                    Vec::new()
+                } else {
+                    idx.iter().map(|&i| envs[i].clone()).collect()
+                };
                 let outcomes = self
                     .routing
                     .store()
-                    .enqueue_batch_limited(q, &batch, &limit)
+                    .enqueue_batch_limited(q, if whole { envs } else { &batch }, &limit)
                     .await?;
                 for (i, outcome) in idx.into_iter().zip(outcomes) {
                     match outcome {

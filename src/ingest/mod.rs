@@ -283,9 +283,11 @@ impl Ingest {
         };
         // Fan-out ids derive from the event's, so a retried post is still a duplicate.
         let fan_out = ev.endpoint.is_none() && ev.event_type.is_some();
-        let out: Vec<Envelope> = targets
-            .into_iter()
-            .map(|endpoint| Envelope {
+        let mut out: Vec<Envelope> = Vec::with_capacity(targets.len());
+        let last = targets.len() - 1;
+        let mut payload = Some(ev.payload);
+        for (i, endpoint) in targets.into_iter().enumerate() {
+            out.push(Envelope {
                 id: if fan_out {
                     format!("{id}.{endpoint}")
                 } else {
@@ -294,9 +296,14 @@ impl Ingest {
                 tenant: ev.tenant.clone(),
                 endpoint: Some(endpoint),
                 event_type: ev.event_type.clone(),
-                payload: ev.payload.clone(),
-            })
-            .collect();
+                // the last envelope takes the payload; the others copy it
+                payload: if i == last {
+                    payload.take().unwrap_or_default()
+                } else {
+                    payload.clone().unwrap_or_default()
+                },
+            });
+        }
         for e in &out {
             if e.id.len() > MAX_ID_BYTES {
                 return Err(ApiError::field(
