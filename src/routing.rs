@@ -39,6 +39,9 @@ impl fmt::Display for QueueId {
 #[error("queue {0:?}: expected shard-<N> (0 to 1023) or lane-<N> (0 to 7)")]
 pub struct BadQueueName(pub String);
 
+/// Dedicated lanes per ShardSet at most: `lane-0` to `lane-7`.
+pub const MAX_LANES: u8 = 8;
+
 impl FromStr for QueueId {
     type Err = BadQueueName;
     fn from_str(s: &str) -> Result<Self, Self::Err> {
@@ -53,7 +56,7 @@ impl FromStr for QueueId {
         }
         if let Some(n) = s.strip_prefix("lane-") {
             let n: u8 = n.parse().map_err(|_| bad())?;
-            return if n < 8 {
+            return if n < MAX_LANES {
                 Ok(QueueId::Lane(n))
             } else {
                 Err(bad())

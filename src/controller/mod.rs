@@ -337,6 +337,29 @@ async fn sync_redis(set: &ShardSet, ctx: &Context) -> Result<status::RedisView, 
             .set(depth as i64);
         view.queues.push((q, stats));
     }
+    // Lane queues: a series for each lane that has had a tenant (the lanes'
+    // own reconciler configures them); none for a lane never used.
+    for i in 0..crate::routing::MAX_LANES {
+        let q = QueueId::Lane(i);
+        let labels = crate::telemetry::QueueDepthLabels {
+            namespace: set.namespace().unwrap_or_default(),
+            shard_set: set.name_any(),
+            queue: q.to_string(),
+        };
+        let stats = store
+            .tenant_stats(q, window)
+            .await
+            .map_err(|e| e.to_string())?;
+        if stats.is_empty() {
+            ctx.metrics.queue_depth.remove(&labels);
+        } else {
+            let depth: u64 = stats.iter().map(|t| t.depth).sum();
+            ctx.metrics
+                .queue_depth
+                .get_or_create(&labels)
+                .set(depth as i64);
+        }
+    }
     ctx.metrics
         .shards
         .get_or_create(&set_labels(set))
