@@ -22,7 +22,6 @@ use std::time::{Duration, Instant};
 use common::{connect, enqueue_all, env};
 use lanekeeper::endpoint::Endpoint;
 use lanekeeper::envelope::Envelope;
-use lanekeeper::ingest::auth;
 
 const BATCH: usize = 1000;
 const BATCH_EVENTS: usize = 200_000;
@@ -206,47 +205,12 @@ fn main() {
         for c in 0..CONNECTIONS {
             target.put_endpoint(&format!("single{c}"), "default", &ep).await.unwrap();
         }
-        let dir = support::process::scratch_dir("ingest-bench");
-        let key = auth::generate_key();
-        let keys = dir.join("keys.yaml");
-        std::fs::write(
-            &keys,
-            format!("keys:\n  - {{name: bench, sha256: {}, admin: true}}\n", auth::hash_key_hex(&key)),
-        )
-        .unwrap();
-        let port = support::process::free_port();
-        let log = dir.join("ingest.log");
-        let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_lanekeeper"));
-        cmd.args(["ingest", "--redis", &url, "--shard-set", "bench/ingest"])
-            .args(["--listen", &format!("127.0.0.1:{port}")])
-            .arg("--api-keys")
-            .arg(&keys)
-            .args(["--backlog-limit", "0"])
-            .env("RUST_LOG", "warn");
-        let pid = support::process::spawn_server(cmd, &log);
-        let base = format!("http://127.0.0.1:{port}");
+        let ingest = support::workers::Ingest::spawn(&url, "bench/ingest", &["--backlog-limit", "0"]);
+        let (pid, base, key, dir) = (ingest.pid, ingest.base(), ingest.key.clone(), ingest.dir.clone());
         let http = reqwest::Client::builder()
             .pool_max_idle_per_host(CONNECTIONS)
             .build()
             .unwrap();
-        let deadline = Instant::now() + Duration::from_secs(30);
-        loop {
-            let up = http
-                .get(format!("{base}/readyz"))
-                .send()
-                .await
-                .map(|r| r.status().is_success())
-                .unwrap_or(false);
-            if up {
-                break;
-            }
-            assert!(
-                Instant::now() < deadline && support::process::is_running(pid),
-                "ingest did not start: {}",
-                support::process::tail(&log, 20)
-            );
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
 
         let batch = post_batches(&http, &base, &key, 4, BATCH_EVENTS, true, |i| format!("imp{}", i % 100)).await;
         println!(

@@ -895,35 +895,13 @@ async fn openapi_and_metrics_are_served() {
 #[test]
 fn the_binary_serves_until_sigterm_then_exits_cleanly() {
     let redis = support::redis::shared();
-    let dir = support::process::scratch_dir("ingest-bin");
-    let key = auth::generate_key();
-    let keys = dir.join("keys.yaml");
-    std::fs::write(
-        &keys,
-        format!("keys:\n{}", key_entry("ops", &key, "admin: true")),
-    )
-    .unwrap();
-    let port = support::process::free_port();
-    let log = dir.join("ingest.log");
-    let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_lanekeeper"));
-    cmd.args(["ingest", "--redis", &redis.url, "--shard-set", "ingest/bin"])
-        .args(["--listen", &format!("127.0.0.1:{port}")])
-        .arg("--api-keys")
-        .arg(&keys)
-        .args(["--backlog-limit-for", "whale=10"]);
-    let pid = support::process::spawn_server(cmd, &log);
-    let ready = || {
-        use std::io::{Read, Write};
-        let Ok(mut c) = std::net::TcpStream::connect(("127.0.0.1", port)) else {
-            return false;
-        };
-        let _ = c.write_all(b"GET /readyz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
-        let mut out = String::new();
-        let _ = c.read_to_string(&mut out);
-        out.starts_with("HTTP/1.1 200")
-    };
-    support::process::wait_until("ingest /readyz", Duration::from_secs(20), &log, pid, ready);
+    let ingest = support::workers::Ingest::spawn(
+        &redis.url,
+        "ingest/bin",
+        &["--backlog-limit-for", "whale=10"],
+    );
+    let (pid, log) = (ingest.pid, &ingest.log);
     support::process::signal(pid, libc::SIGTERM);
     let exit = support::process::wait_exit(pid, Duration::from_secs(10));
-    assert_eq!(exit, Some(Some(0)), "{}", support::process::tail(&log, 20));
+    assert_eq!(exit, Some(Some(0)), "{}", support::process::tail(log, 20));
 }

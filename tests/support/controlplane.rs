@@ -334,17 +334,7 @@ impl ControlPlane {
     /// Start `lanekeeper controller` watching `ns`, electing its leader
     /// through a Lease of that namespace; `extra` flags are appended.
     pub fn spawn_controller(&self, ns: &str, extra: &[&str]) -> u32 {
-        let dir = process::scratch_dir("controller");
-        let mut cmd = Command::new(super::process::lanekeeper_bin());
-        cmd.args(["controller", "--namespace", ns, "--lease-namespace", ns])
-            .args(extra)
-            .args([
-                "--metrics-addr",
-                &format!("127.0.0.1:{}", process::free_port()),
-            ])
-            .env("KUBECONFIG", &self.kubeconfig)
-            .env("RUST_LOG", "info");
-        process::spawn_server(cmd, &dir.join("controller.log"))
+        self.spawn_controller_env(ns, extra, &[]).0
     }
 
     /// Like [`Self::spawn_controller`], with extra environment variables;

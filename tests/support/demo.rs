@@ -15,7 +15,6 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use lanekeeper::ingest::auth;
 use lanekeeper::routing::QueueId;
 
 use super::lanes::LaneEnv;
@@ -113,7 +112,9 @@ pub async fn run(cfg: Config) -> Summary {
     );
 
     say("ingest API and a webhook receiver");
-    let (base, key) = start_ingest(&env).await;
+    let ingest =
+        super::workers::Ingest::spawn(&env.redis_url, &format!("{}/{}", env.ns, env.set), &[]);
+    let (base, key) = (ingest.base(), ingest.key.clone());
     println!("    ingest {base}, receiver http://{}", env.receiver.addr);
     let http = reqwest::Client::new();
     let whale = env.tenant_on("bigcorp-", 1);
@@ -383,56 +384,6 @@ async fn post(http: &reqwest::Client, url: &str, key: &str, body: String) -> u16
         Ok(r) => r.status().as_u16(),
         Err(_) => 0,
     }
-}
-
-/// Start `lanekeeper ingest` for the demo's ShardSet with one admin key.
-async fn start_ingest(env: &LaneEnv) -> (String, String) {
-    let dir = super::process::scratch_dir("demo-ingest");
-    let key = auth::generate_key();
-    let keys = dir.join("keys.yaml");
-    std::fs::write(
-        &keys,
-        format!(
-            "keys:\n  - {{name: demo, sha256: {}, admin: true}}\n",
-            auth::hash_key_hex(&key)
-        ),
-    )
-    .unwrap();
-    let port = super::process::free_port();
-    let log = dir.join("ingest.log");
-    let mut cmd = std::process::Command::new(super::process::lanekeeper_bin());
-    cmd.args([
-        "ingest",
-        "--redis",
-        &env.redis_url,
-        "--shard-set",
-        &format!("{}/{}", env.ns, env.set),
-    ])
-    .args(["--listen", &format!("127.0.0.1:{port}")])
-    .arg("--api-keys")
-    .arg(&keys)
-    .env("RUST_LOG", "warn");
-    let pid = super::process::spawn_server(cmd, &log);
-    let base = format!("http://127.0.0.1:{port}");
-    let http = reqwest::Client::new();
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        if http
-            .get(format!("{base}/readyz"))
-            .send()
-            .await
-            .is_ok_and(|r| r.status().is_success())
-        {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline && super::process::is_running(pid),
-            "ingest did not start:\n{}",
-            super::process::tail(&log, 20)
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    (base, key)
 }
 
 /// Register `tenant`'s `default` endpoint at the receiver through ingest.

@@ -19,20 +19,6 @@ use lanekeeper::store::{EnqueueOutcome, SetId, Store};
 use super::controlplane::ControlPlane;
 use super::receiver::{now_ms, Receiver};
 
-/// Worker flags for local delivery to the receiver.
-pub const WORKER_ARGS: &[&str] = &[
-    "--allow-cidr",
-    "127.0.0.0/8",
-    "--initial-backoff",
-    "10ms",
-    "--max-backoff",
-    "200ms",
-    "--connect-timeout",
-    "1s",
-    "--lease-margin",
-    "1s",
-];
-
 /// Runs a worker process for each lane Deployment of a set while it exists.
 pub struct Kubelet {
     stop: Arc<AtomicBool>,
@@ -76,7 +62,7 @@ impl Kubelet {
                             .collect();
                         for q in &want {
                             if !running.contains_key(q) {
-                                let mut args: Vec<&str> = WORKER_ARGS.to_vec();
+                                let mut args: Vec<&str> = super::workers::LOCAL_ARGS.to_vec();
                                 args.extend(extra.iter().map(|s| s.as_str()));
                                 let pid = super::workers::spawn(
                                     &redis_url,
@@ -170,7 +156,7 @@ impl LaneEnv {
             );
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
-        let mut wargs: Vec<&str> = WORKER_ARGS.to_vec();
+        let mut wargs: Vec<&str> = super::workers::LOCAL_ARGS.to_vec();
         wargs.extend_from_slice(worker_extra);
         let shard_workers = (0..shards)
             .map(|n| {

@@ -72,18 +72,7 @@ impl Setup {
     }
 
     pub fn worker(&self, extra: &[&str]) -> u32 {
-        let mut args = vec![
-            "--allow-cidr",
-            "127.0.0.0/8",
-            "--initial-backoff",
-            "10ms",
-            "--max-backoff",
-            "200ms",
-            "--connect-timeout",
-            "1s",
-            "--lease-margin",
-            "1s",
-        ];
+        let mut args = super::workers::LOCAL_ARGS.to_vec();
         args.extend_from_slice(extra);
         super::workers::spawn(&self.redis_url, &self.set, "shard-00", &args)
     }

@@ -4,6 +4,21 @@ use std::process::Command;
 
 use super::process;
 
+/// Worker flags for local delivery to a test receiver: loopback allowed,
+/// short backoffs and lease margin.
+pub const LOCAL_ARGS: &[&str] = &[
+    "--allow-cidr",
+    "127.0.0.0/8",
+    "--initial-backoff",
+    "10ms",
+    "--max-backoff",
+    "200ms",
+    "--connect-timeout",
+    "1s",
+    "--lease-margin",
+    "1s",
+];
+
 /// Start a worker process on `queue` of `set` (`<ns>/<name>`); extra flags
 /// are appended. Its log is in the Redis scratch directory.
 pub fn spawn(redis_url: &str, set: &str, queue: &str, extra: &[&str]) -> u32 {
@@ -18,4 +33,71 @@ pub fn spawn(redis_url: &str, set: &str, queue: &str, extra: &[&str]) -> u32 {
         .args(extra)
         .env("RUST_LOG", "warn");
     process::spawn_server(cmd, &log)
+}
+
+/// A running `lanekeeper ingest` with one admin key.
+pub struct Ingest {
+    pub pid: u32,
+    pub port: u16,
+    /// The admin key (the keys file holds only its hash).
+    pub key: String,
+    pub dir: std::path::PathBuf,
+    pub log: std::path::PathBuf,
+}
+
+impl Ingest {
+    /// Start ingest for `set` (`<ns>/<name>`) on a free loopback port, with
+    /// `extra` flags, and wait until `/readyz` answers 200.
+    pub fn spawn(redis_url: &str, set: &str, extra: &[&str]) -> Ingest {
+        use lanekeeper::ingest::auth;
+        let dir = process::scratch_dir("ingest");
+        let key = auth::generate_key();
+        let keys = dir.join("keys.yaml");
+        std::fs::write(
+            &keys,
+            format!(
+                "keys:\n  - {{name: ops, sha256: {}, admin: true}}\n",
+                auth::hash_key_hex(&key)
+            ),
+        )
+        .unwrap();
+        let port = process::free_port();
+        let log = dir.join("ingest.log");
+        let mut cmd = Command::new(process::lanekeeper_bin());
+        cmd.args(["ingest", "--redis", redis_url, "--shard-set", set])
+            .args(["--listen", &format!("127.0.0.1:{port}")])
+            .arg("--api-keys")
+            .arg(&keys)
+            .args(extra)
+            .env("RUST_LOG", "warn");
+        let pid = process::spawn_server(cmd, &log);
+        let ready = || {
+            use std::io::{Read, Write};
+            let Ok(mut c) = std::net::TcpStream::connect(("127.0.0.1", port)) else {
+                return false;
+            };
+            let _ = c.write_all(b"GET /readyz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
+            let mut out = String::new();
+            let _ = c.read_to_string(&mut out);
+            out.starts_with("HTTP/1.1 200")
+        };
+        process::wait_until(
+            "ingest /readyz",
+            std::time::Duration::from_secs(30),
+            &log,
+            pid,
+            ready,
+        );
+        Ingest {
+            pid,
+            port,
+            key,
+            dir,
+            log,
+        }
+    }
+
+    pub fn base(&self) -> String {
+        format!("http://127.0.0.1:{}", self.port)
+    }
 }
