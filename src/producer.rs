@@ -44,6 +44,10 @@ impl Producer {
         let mut results: Vec<Option<Result<(QueueId, EnqueueOutcome)>>> =
             (0..envs.len()).map(|_| None).collect();
         let mut pending: Vec<usize> = (0..envs.len()).collect();
+        // Where a queue answered MOVED, the envelope follows that answer: the
+        // queue's mark is the authority (the table may still pin the tenant
+        // to the queue it left, as a reshard does until its move finishes).
+        let mut redirect: BTreeMap<usize, QueueId> = BTreeMap::new();
         let mut table = self.routing.table().await?;
         for attempt in 0..=MAX_REDIRECTS {
             if pending.is_empty() {
@@ -54,10 +58,11 @@ impl Producer {
             }
             let mut by_queue: BTreeMap<QueueId, Vec<usize>> = BTreeMap::new();
             for i in pending.drain(..) {
-                by_queue
-                    .entry(table.route(&envs[i].tenant))
-                    .or_default()
-                    .push(i);
+                let q = redirect
+                    .get(&i)
+                    .copied()
+                    .unwrap_or_else(|| table.route(&envs[i].tenant));
+                by_queue.entry(q).or_default().push(i);
             }
             for (q, idx) in by_queue {
                 // All of them, in order, to one queue (the usual case): no copies.
@@ -74,7 +79,10 @@ impl Producer {
                     .await?;
                 for (i, outcome) in idx.into_iter().zip(outcomes) {
                     match outcome {
-                        Ok(EnqueueOutcome::Moved(_)) => pending.push(i),
+                        Ok(EnqueueOutcome::Moved(to)) => {
+                            redirect.insert(i, to);
+                            pending.push(i);
+                        }
                         Ok(o) => results[i] = Some(Ok((q, o))),
                         Err(e) => results[i] = Some(Err(e)),
                     }

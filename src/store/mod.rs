@@ -610,6 +610,60 @@ impl Store {
         self.routing_update("unpin", tenant, "").await
     }
 
+    /// Pin many tenants at once (one pipelined round trip per chunk); each
+    /// pin is its own idempotent update, so a partial run can be repeated.
+    pub async fn pin_many(&self, pins: &[(String, QueueId)]) -> Result<()> {
+        for chunk in pins.chunks(500) {
+            let mut pipe = redis::pipe();
+            for (tenant, q) in chunk {
+                pipe.cmd("FCALL")
+                    .arg(Func::RoutingUpdate.name())
+                    .arg(1)
+                    .arg(self.routing_key())
+                    .arg("pin")
+                    .arg(tenant)
+                    .arg(q.to_string())
+                    .ignore();
+            }
+            let mut conn = self.conn.clone();
+            match pipe.query_async::<()>(&mut conn).await {
+                Err(e) if function_missing(&e) => {
+                    load_library(&mut conn).await?;
+                    pipe.query_async::<()>(&mut conn).await?
+                }
+                other => other?,
+            }
+        }
+        Ok(())
+    }
+
+    /// The tenants that live in `q`: they have had work here and are not
+    /// marked as moved away (a reshard plans its moves from these).
+    pub async fn residents(&self, q: QueueId) -> Result<Vec<String>> {
+        let p = self.queue_prefix(q);
+        let mut conn = self.conn.clone();
+        let tenants: Vec<String> = redis::cmd("SMEMBERS")
+            .arg(format!("{p}:tenants"))
+            .query_async(&mut conn)
+            .await?;
+        let mut out = Vec::with_capacity(tenants.len());
+        for chunk in tenants.chunks(1000) {
+            let mut pipe = redis::pipe();
+            for t in chunk {
+                pipe.hget(format!("{p}:t:{t}"), "m");
+            }
+            let moved: Vec<Option<String>> = pipe.query_async(&mut conn).await?;
+            out.extend(
+                chunk
+                    .iter()
+                    .zip(moved)
+                    .filter(|(_, m)| m.as_deref().unwrap_or("").is_empty())
+                    .map(|(t, _)| t.clone()),
+            );
+        }
+        Ok(out)
+    }
+
     // ---- endpoint registry ----------------------------------------------
 
     fn endpoints_key(&self, tenant: &str) -> String {
