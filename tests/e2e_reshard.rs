@@ -9,15 +9,17 @@
 
 mod support;
 
-use std::collections::BTreeSet;
 use std::sync::OnceLock;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use k8s_openapi::api::apps::v1::Deployment;
-use lanekeeper::crd::{LanePhase, ReshardProgress};
+use lanekeeper::crd::LanePhase;
 use lanekeeper::routing::{hash_shard, QueueId};
 use support::controlplane::{self, ControlPlane};
-use support::lanes::{assert_in_order, LaneEnv, Sent, Traffic};
+use support::lanes::Traffic;
+use support::reshard::{
+    changing, load, patch_shards, stop_and_check, wait_shard_deployments, watch_reshard,
+};
 
 fn cluster() -> &'static ControlPlane {
     static READY: OnceLock<()> = OnceLock::new();
@@ -30,190 +32,14 @@ fn cluster() -> &'static ControlPlane {
 
 static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
+use support::reshard::start;
+
 const SPEC: &str = "  worker: {image: \"lanekeeper:test\", replicas: 1, concurrency: 8}\n  scheduler: {ordering: PerTenant}\n  promotion: {enabled: false}\n  relocation: {drainTimeout: 60s, maxConcurrentMoves: 8}\n";
-
-async fn start(prefix: &str, shards: u16, spec: &str) -> LaneEnv {
-    let env = LaneEnv::start_opts(
-        cluster(),
-        prefix,
-        shards,
-        spec,
-        &[],
-        &["--concurrency", "8"],
-        true,
-    )
-    .await;
-    wait_shard_workers(&env, shards).await;
-    env
-}
-
-/// Wait until the kubelet runs a worker for each of the first `n` shards.
-async fn wait_shard_workers(env: &LaneEnv, n: u16) {
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
-        let started = env.kubelet.as_ref().unwrap().started.lock().unwrap().clone();
-        if (0..n).all(|i| started.contains(&QueueId::Shard(i).to_string())) {
-            return;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "shard workers not started: {started:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-}
-
-/// Producers for `n` tenants named `<prefix><i>`, `per_sec` events each.
-async fn load(env: &LaneEnv, prefix: &str, n: usize, per_sec: f64) -> Vec<(String, Traffic)> {
-    let mut tenants = Vec::new();
-    for i in 0..n {
-        let t = format!("{prefix}{i:03}");
-        env.endpoint(&t, "ok").await;
-        tenants.push(t);
-    }
-    tenants
-        .into_iter()
-        .map(|t| {
-            let traffic = Traffic::start(&env.store, &t, per_sec);
-            (t, traffic)
-        })
-        .collect()
-}
-
-/// Stop the producers, then check every tenant's events arrived exactly
-/// once each and in order. Returns how many were sent.
-async fn stop_and_check(env: &LaneEnv, traffic: Vec<(String, Traffic)>) -> u64 {
-    let mut sent: Vec<(String, Sent)> = Vec::new();
-    for (t, tr) in traffic {
-        sent.push((t, tr.stop().await));
-    }
-    let total = sent.iter().map(|(_, s)| s.count).sum();
-    for (t, s) in &sent {
-        assert_in_order(&env.receiver, t, s.count, Duration::from_secs(90)).await;
-    }
-    total
-}
-
-fn patch_shards(env: &LaneEnv, shards: u16) {
-    env.cp.kubectl_ok(&[
-        "patch",
-        "shardset",
-        &env.set,
-        "-n",
-        &env.ns,
-        "--type=merge",
-        "-p",
-        &format!("{{\"spec\":{{\"shards\":{shards}}}}}"),
-    ]);
-}
-
-/// What a reshard looked like from its status.
-#[derive(Debug, Default)]
-struct Observed {
-    /// Every distinct progress seen, in order.
-    progress: Vec<ReshardProgress>,
-    /// Every distinct Resharding condition reason seen, in order.
-    reasons: Vec<String>,
-    took: Duration,
-}
-
-fn resharding_condition(env_set: &lanekeeper::crd::ShardSet) -> (String, String) {
-    env_set
-        .status
-        .as_ref()
-        .and_then(|s| s.conditions.iter().find(|c| c.type_ == "Resharding"))
-        .map(|c| (c.status.clone(), c.reason.clone()))
-        .unwrap_or_default()
-}
-
-/// Watch the set's status until the reshard to `to` shards has run and
-/// cleared (condition `Resharding` back to False, routing at `to`, no move
-/// pinned). `until` stops early (returns) when it answers true.
-async fn watch_reshard(
-    env: &LaneEnv,
-    to: u16,
-    timeout: Duration,
-    mut until: impl FnMut(&Observed) -> bool,
-) -> Observed {
-    let started = Instant::now();
-    let mut seen = Observed::default();
-    let mut began = false;
-    loop {
-        let set = env.shardset().await;
-        let (status, reason) = resharding_condition(&set);
-        if seen.reasons.last() != Some(&reason) {
-            seen.reasons.push(reason.clone());
-        }
-        if let Some(p) = set.status.as_ref().and_then(|s| s.resharding.clone()) {
-            if seen.progress.last() != Some(&p) {
-                seen.progress.push(p);
-            }
-        }
-        began |= status == "True";
-        seen.took = started.elapsed();
-        if until(&seen) {
-            return seen;
-        }
-        if began && status == "False" {
-            let table = env.store.routing().await.unwrap();
-            if table.shards == to && !table.pins.values().any(|q| matches!(q, QueueId::Shard(_)))
-            {
-                return seen;
-            }
-        }
-        assert!(
-            started.elapsed() < timeout,
-            "reshard to {to} not done in {timeout:?}; seen {seen:?}; controller log:\n{}",
-            env.controller_log()
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-}
-
-async fn shard_deployments(env: &LaneEnv) -> BTreeSet<String> {
-    let api: kube::Api<Deployment> = kube::Api::namespaced(env.client.clone(), &env.ns);
-    api.list(&kube::api::ListParams::default().labels(&format!(
-        "app.kubernetes.io/instance={},app.kubernetes.io/component=shard",
-        env.set
-    )))
-    .await
-    .unwrap()
-    .items
-    .iter()
-    .filter_map(|d| d.metadata.name.clone())
-    .collect()
-}
-
-async fn wait_shard_deployments(env: &LaneEnv, n: u16, timeout: Duration) {
-    let want: BTreeSet<String> = (0..n)
-        .map(|i| format!("{}-{}", env.set, QueueId::Shard(i)))
-        .collect();
-    let deadline = Instant::now() + timeout;
-    loop {
-        let have = shard_deployments(env).await;
-        if have == want {
-            return;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "shard Deployments {have:?}, want {want:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
-}
-
-/// Tenants whose hash queue differs between `a` and `b` shards.
-fn changing(tenants: &[String], a: u16, b: u16) -> usize {
-    tenants
-        .iter()
-        .filter(|t| hash_shard(t, a) != hash_shard(t, b))
-        .count()
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn grow_4_to_6_under_load_keeps_every_tenants_order() {
     let _turn = SERIAL.lock().await;
-    let env = start("reshard-grow", 4, SPEC).await;
+    let env = start(cluster(), "reshard-grow", 4, SPEC).await;
     let traffic = load(&env, "g", 200, 2.0).await;
     let tenants: Vec<String> = traffic.iter().map(|(t, _)| t.clone()).collect();
     tokio::time::sleep(Duration::from_secs(3)).await;
@@ -234,10 +60,16 @@ async fn grow_4_to_6_under_load_keeps_every_tenants_order() {
         seen.progress
     );
     assert_eq!((last.from_shards, last.to_shards), (4, 6));
-    assert_eq!(last.to_move as usize, expected, "exactly the tenants whose hash queue changed move");
+    assert_eq!(
+        last.to_move as usize, expected,
+        "exactly the tenants whose hash queue changed move"
+    );
     let share = last.to_move as f64 / 200.0;
     assert!((share - 1.0 / 3.0).abs() < 0.1, "moved share {share}");
-    assert!(seen.reasons.contains(&"MovingTenants".to_string()) || seen.reasons.contains(&"WaitingForShards".to_string()));
+    assert!(
+        seen.reasons.contains(&"MovingTenants".to_string())
+            || seen.reasons.contains(&"WaitingForShards".to_string())
+    );
     assert_eq!(seen.reasons.last().map(String::as_str), Some("Idle"));
     let set = env.shardset().await;
     assert!(set.status.as_ref().unwrap().resharding.is_none());
@@ -252,7 +84,7 @@ async fn grow_4_to_6_under_load_keeps_every_tenants_order() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn shrink_6_to_3_moves_everyone_off_the_retiring_shards_then_deletes_them() {
     let _turn = SERIAL.lock().await;
-    let env = start("reshard-shrink", 6, SPEC).await;
+    let env = start(cluster(), "reshard-shrink", 6, SPEC).await;
     let traffic = load(&env, "s", 200, 2.0).await;
     let tenants: Vec<String> = traffic.iter().map(|(t, _)| t.clone()).collect();
     tokio::time::sleep(Duration::from_secs(3)).await;
@@ -294,7 +126,7 @@ async fn a_controller_killed_mid_reshard_finishes_it_and_a_second_change_is_repl
     let _turn = SERIAL.lock().await;
     // Slow endpoints and two moves at a time: the reshard takes seconds.
     let spec = "  worker: {image: \"lanekeeper:test\", replicas: 1, concurrency: 8}\n  scheduler: {ordering: PerTenant}\n  promotion: {enabled: false}\n  relocation: {drainTimeout: 60s, maxConcurrentMoves: 2}\n";
-    let mut env = start("reshard-kill", 4, spec).await;
+    let mut env = start(cluster(), "reshard-kill", 4, spec).await;
     let mut traffic = Vec::new();
     for i in 0..40 {
         let t = format!("k{i:03}");
@@ -327,7 +159,11 @@ async fn a_controller_killed_mid_reshard_finishes_it_and_a_second_change_is_repl
     let table = env.store.routing().await.unwrap();
     assert_eq!(table.shards, 5);
     for t in &tenants {
-        assert_eq!(table.route(t), hash_shard(t, 5), "{t} not on its hash queue");
+        assert_eq!(
+            table.route(t),
+            hash_shard(t, 5),
+            "{t} not on its hash queue"
+        );
     }
     wait_shard_deployments(&env, 5, Duration::from_secs(30)).await;
 }
@@ -335,7 +171,7 @@ async fn a_controller_killed_mid_reshard_finishes_it_and_a_second_change_is_repl
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_tenant_on_a_dedicated_lane_is_untouched_by_a_reshard() {
     let _turn = SERIAL.lock().await;
-    let env = start("reshard-lane", 4, SPEC).await;
+    let env = start(cluster(), "reshard-lane", 4, SPEC).await;
     // A lane tenant whose hash queue changes from 4 to 6 shards.
     let laned = (0..1000)
         .map(|i| format!("vip{i}"))
@@ -346,7 +182,12 @@ async fn a_tenant_on_a_dedicated_lane_is_untouched_by_a_reshard() {
     env.create_lane("vip", &laned);
     let mut phases = Vec::new();
     let active = env
-        .wait_phase("vip", LanePhase::Active, Duration::from_secs(60), &mut phases)
+        .wait_phase(
+            "vip",
+            LanePhase::Active,
+            Duration::from_secs(60),
+            &mut phases,
+        )
         .await;
     let lane_q = QueueId::Lane(active.status.as_ref().unwrap().lane_index.unwrap() as u8);
     let lane_uid = {
@@ -374,7 +215,11 @@ async fn a_tenant_on_a_dedicated_lane_is_untouched_by_a_reshard() {
     );
     assert_eq!(lane_phases, vec![LanePhase::Active]);
     let table = env.store.routing().await.unwrap();
-    assert_eq!(table.pins.get(&laned), Some(&lane_q), "the lane's pin stays");
+    assert_eq!(
+        table.pins.get(&laned),
+        Some(&lane_q),
+        "the lane's pin stays"
+    );
     let api: kube::Api<Deployment> = kube::Api::namespaced(env.client.clone(), &env.ns);
     let uid_after = api
         .get(&format!("{}-{lane_q}", env.set))

@@ -9,5 +9,6 @@ pub mod lanes;
 pub mod process;
 pub mod receiver;
 pub mod redis;
+pub mod reshard;
 pub mod scenario;
 pub mod workers;
