@@ -13,9 +13,10 @@ pub struct Producer {
     routing: RoutingCache,
 }
 
-/// How many MOVED answers in a row before giving up: each one refreshes the
-/// table, so more than a few means the table and the queues disagree.
-const MAX_REDIRECTS: usize = 4;
+/// How many MOVED or STALE answers in a row before giving up: each one
+/// refreshes the table, so more than a few means the table and the queues
+/// disagree.
+const MAX_REDIRECTS: usize = 6;
 
 impl Producer {
     pub fn new(store: Store, routing_ttl: Duration) -> Self {
@@ -49,13 +50,20 @@ impl Producer {
         // to the queue it left, as a reshard does until its move finishes).
         let mut redirect: BTreeMap<usize, QueueId> = BTreeMap::new();
         let mut table = self.routing.table().await?;
+        let mut stale = false;
         for attempt in 0..=MAX_REDIRECTS {
             if pending.is_empty() {
                 break;
             }
             if attempt > 0 {
+                if stale {
+                    // A reshard fenced the queues a moment before it writes
+                    // the new shard count: give it that moment.
+                    tokio::time::sleep(Duration::from_millis(5 << attempt)).await;
+                }
                 table = self.routing.refresh().await?;
             }
+            stale = false;
             let mut by_queue: BTreeMap<QueueId, Vec<usize>> = BTreeMap::new();
             for i in pending.drain(..) {
                 let q = redirect
@@ -75,12 +83,23 @@ impl Producer {
                 let outcomes = self
                     .routing
                     .store()
-                    .enqueue_batch_limited(q, if whole { envs } else { &batch }, &limit)
+                    .enqueue_batch_routed(
+                        q,
+                        if whole { envs } else { &batch },
+                        &limit,
+                        table.version.max(1),
+                    )
                     .await?;
                 for (i, outcome) in idx.into_iter().zip(outcomes) {
                     match outcome {
                         Ok(EnqueueOutcome::Moved(to)) => {
                             redirect.insert(i, to);
+                            pending.push(i);
+                        }
+                        Ok(EnqueueOutcome::Stale { .. }) => {
+                            // Route again by the fresh table.
+                            redirect.remove(&i);
+                            stale = true;
                             pending.push(i);
                         }
                         Ok(o) => results[i] = Some(Ok((q, o))),
@@ -97,7 +116,7 @@ impl Producer {
                     Err(StoreError::Protocol {
                         script: "enqueue",
                         detail: format!(
-                            "tenant {} kept answering MOVED after {MAX_REDIRECTS} routing refreshes",
+                            "tenant {} kept answering MOVED or STALE after {MAX_REDIRECTS} routing refreshes",
                             env.tenant
                         ),
                     })

@@ -4,7 +4,9 @@
 //! ShardSet reconciler *plans*: it reads the tenants that live in each shard
 //! queue (they have had work there and are not marked as moved away), and
 //! pins every one whose rendezvous hash queue changes under `m` to the queue
-//! it lives in. Only then does it write `m` into the routing table, so no
+//! it lives in. It fences every shard queue at the routing version the new
+//! count will have (an enqueue routed by an older table answers STALE and
+//! the producer refreshes), and only then writes `m` into the table, so no
 //! tenant changes queue by accident: the movers stay where they are, pinned,
 //! and everyone else keeps the queue it had (rendezvous hashing moves about
 //! |m−n|/max(m,n) of them).
@@ -213,7 +215,24 @@ pub async fn plan(
     }
     let new = movers(&residents, &table.pins, excluded, to);
     store.pin_many(&new).await?;
-    store.set_shards(to).await?;
+    // Fence every shard queue at the version the new count will have, so a
+    // producer still hashing by the old count is refused (STALE) and
+    // refreshes, instead of sending a tenant's first envelopes to its old
+    // hash queue while a fresh producer sends the next ones to the new one.
+    let fenced: Vec<QueueId> = (0..queues.max(table.shards).max(to))
+        .map(QueueId::Shard)
+        .collect();
+    let version = store.routing().await?.version + 1;
+    for q in &fenced {
+        store.fence_routing(*q, version).await?;
+    }
+    let written = store.set_shards(to).await?;
+    if written > version {
+        // A lane pinned a tenant in between: fence at the version written.
+        for q in &fenced {
+            store.fence_routing(*q, written).await?;
+        }
+    }
     let pinned = in_motion(&table).len() + new.len();
     let progress = match before {
         // Replanned: the moves under way keep going, towards the new count.
@@ -506,7 +525,10 @@ mod tests {
         };
         table.pins.insert("a".into(), QueueId::Shard(1));
         table.pins.insert("b".into(), QueueId::Lane(2));
-        assert_eq!(in_motion(&table), vec![("a".to_string(), QueueId::Shard(1))]);
+        assert_eq!(
+            in_motion(&table),
+            vec![("a".to_string(), QueueId::Shard(1))]
+        );
     }
 
     #[test]
@@ -519,7 +541,10 @@ mod tests {
         // idle tenants move at once, even with no slot free
         assert_eq!(step(&state(0, 0, false), None, false, false), Step::Pause);
         // busy ones wait for a slot
-        assert_eq!(step(&state(3, 1, false), None, false, false), Step::AwaitSlot);
+        assert_eq!(
+            step(&state(3, 1, false), None, false, false),
+            Step::AwaitSlot
+        );
         assert_eq!(step(&state(3, 1, false), None, false, true), Step::Pause);
         assert_eq!(step(&state(3, 1, false), None, true, true), Step::Backoff);
         // paused: drain, then move; past the timeout, abort
@@ -530,7 +555,10 @@ mod tests {
         // marked moved: finish wherever the mark says
         let mut moved = state(0, 0, true);
         moved.moved_to = Some(QueueId::Shard(4));
-        assert_eq!(step(&moved, None, false, false), Step::Finish(QueueId::Shard(4)));
+        assert_eq!(
+            step(&moved, None, false, false),
+            Step::Finish(QueueId::Shard(4))
+        );
         // the spec went back: stay
         assert_eq!(
             next_step(&state(2, 0, true), s, s, None, timeout, false, true),

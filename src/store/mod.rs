@@ -105,6 +105,10 @@ pub enum EnqueueOutcome {
     /// The tenant's backlog here (`depth`: queued, held, delayed and in
     /// flight) has reached the limit given; nothing was stored.
     Full { depth: u64 },
+    /// The routing table the caller routed by is older than the queue's
+    /// fence (a reshard changed the shard count): nothing was stored;
+    /// refresh the table and route again.
+    Stale { fence: u64 },
 }
 
 /// An envelope leased to a worker until `deadline_ms`.
@@ -610,6 +614,30 @@ impl Store {
         self.routing_update("unpin", tenant, "").await
     }
 
+    /// Fence `q` at routing version `version`: from now on an enqueue routed
+    /// by an older table answers STALE (the caller refreshes its table). A
+    /// reshard fences every shard queue before it changes the shard count,
+    /// so no producer still hashing by the old count can enqueue anywhere.
+    /// Never lowers an existing fence.
+    pub async fn fence_routing(&self, q: QueueId, version: u64) -> Result<()> {
+        let key = format!("{}:conf", self.queue_prefix(q));
+        let mut conn = self.conn.clone();
+        let current: Option<u64> = redis::cmd("HGET")
+            .arg(&key)
+            .arg("minroute")
+            .query_async(&mut conn)
+            .await?;
+        if current.unwrap_or(0) < version {
+            redis::cmd("HSET")
+                .arg(&key)
+                .arg("minroute")
+                .arg(version)
+                .query_async::<()>(&mut conn)
+                .await?;
+        }
+        Ok(())
+    }
+
     /// Pin many tenants at once (one pipelined round trip per chunk); each
     /// pin is its own idempotent update, so a partial run can be repeated.
     pub async fn pin_many(&self, pins: &[(String, QueueId)]) -> Result<()> {
@@ -831,6 +859,19 @@ impl Store {
         envs: &[Envelope],
         limit: impl Fn(&str) -> Option<u64>,
     ) -> Result<Vec<Result<EnqueueOutcome>>> {
+        self.enqueue_batch_routed(q, envs, limit, 0).await
+    }
+
+    /// [`Store::enqueue_batch_limited`] by a caller that routed with the
+    /// routing table of version `routed`: if the queue's fence is newer, every
+    /// envelope answers [`EnqueueOutcome::Stale`] and nothing is stored.
+    pub async fn enqueue_batch_routed(
+        &self,
+        q: QueueId,
+        envs: &[Envelope],
+        limit: impl Fn(&str) -> Option<u64>,
+        routed: u64,
+    ) -> Result<Vec<Result<EnqueueOutcome>>> {
         let prefix = self.queue_prefix(q);
         let function = Func::Enqueue.name();
         let mut results: Vec<Option<Result<EnqueueOutcome>>> = Vec::with_capacity(envs.len());
@@ -854,6 +895,9 @@ impl Store {
                     .arg(env.endpoint_name())
                     .arg(payload)
                     .arg(limit(&env.tenant).unwrap_or(0));
+            }
+            if routed > 0 {
+                cmd.arg(routed);
             }
         }
         if !valid.is_empty() {
@@ -1513,6 +1557,7 @@ fn parse_enqueue(tag: &Value, value: &Value) -> Result<EnqueueOutcome> {
         "HELD" => Ok(EnqueueOutcome::Held { seq: int(value) }),
         "DUP" => Ok(EnqueueOutcome::Duplicate),
         "FULL" => Ok(EnqueueOutcome::Full { depth: int(value) }),
+        "STALE" => Ok(EnqueueOutcome::Stale { fence: int(value) }),
         "MOVED" => string(value)
             .parse()
             .map(EnqueueOutcome::Moved)
