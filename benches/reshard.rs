@@ -36,7 +36,9 @@ async fn main() {
     .await;
 
     // The idle tenants have had work: one envelope each, delivered.
-    let idle: Vec<String> = (0..TENANTS - ACTIVE).map(|i| format!("idle{i:05}")).collect();
+    let idle: Vec<String> = (0..TENANTS - ACTIVE)
+        .map(|i| format!("idle{i:05}"))
+        .collect();
     let t_fill = Instant::now();
     for t in &idle {
         env.endpoint(t, "ok").await;
@@ -72,7 +74,11 @@ async fn main() {
     tokio::time::sleep(Duration::from_secs(2)).await;
     let sent = stop_and_check(&env, traffic).await;
 
-    let last = seen.progress.last().cloned().expect("reshard progress shown");
+    let last = seen
+        .progress
+        .last()
+        .cloned()
+        .expect("reshard progress shown");
     let pauses = pause_times(&std::fs::read_to_string(&env.controller_log).unwrap());
     let all: Vec<f64> = pauses.values().copied().collect();
     let active: Vec<f64> = pauses

@@ -81,7 +81,13 @@ pub fn shard_deployments_upto(set: &ShardSet, keep: u16) -> Result<Vec<Deploymen
 
 /// The shard a set's shard Deployment serves, from its queue label.
 pub fn shard_of(d: &Deployment) -> Option<u16> {
-    match d.metadata.labels.as_ref()?.get("lanekeeper.io/queue")?.parse() {
+    match d
+        .metadata
+        .labels
+        .as_ref()?
+        .get("lanekeeper.io/queue")?
+        .parse()
+    {
         Ok(QueueId::Shard(n)) => Some(n),
         _ => None,
     }

@@ -354,12 +354,27 @@ async fn reconcile_inner(set: &ShardSet, ctx: &Context) -> Result<Action, Error>
         .filter(|d| wanted_names.contains(&d.name_any()))
         .filter(|d| shard_of(d).is_some_and(|n| n < desired))
         .collect();
-    let shards_up = current.iter().filter(|d| status::shard_available(d)).count() == desired as usize;
+    let shards_up = current
+        .iter()
+        .filter(|d| status::shard_available(d))
+        .count()
+        == desired as usize;
 
     // Redis: the reshard's plan and moves, queue policies, attribution
     let mut view = status::ReshardView::default();
     if let (Ok(store), Ok(_)) = (&store, &routing) {
-        if let Err(e) = run_reshard(set, store, &mut memory.set, &lane_tenants, keep, shards_up, &mut view, ctx).await {
+        if let Err(e) = run_reshard(
+            set,
+            store,
+            &mut memory.set,
+            &lane_tenants,
+            keep,
+            shards_up,
+            &mut view,
+            ctx,
+        )
+        .await
+        {
             warn!(set = %name, error = %e, "reshard step failed; retrying");
         }
     }
@@ -418,14 +433,8 @@ async fn run_reshard(
         for n in 0..keep {
             store.configure_queue(QueueId::Shard(n), &policy).await?;
         }
-        memory.progress = reshard::plan(
-            store,
-            desired,
-            keep,
-            lane_tenants,
-            memory.progress.take(),
-        )
-        .await?;
+        memory.progress =
+            reshard::plan(store, desired, keep, lane_tenants, memory.progress.take()).await?;
     }
     if memory.progress.is_none() {
         return Ok(());

@@ -43,8 +43,9 @@ impl Kubelet {
         extra: &[&str],
         components: &str,
     ) -> Self {
-        let selector =
-            format!("app.kubernetes.io/instance={set},app.kubernetes.io/component in ({components})");
+        let selector = format!(
+            "app.kubernetes.io/instance={set},app.kubernetes.io/component in ({components})"
+        );
         let stop = Arc::new(AtomicBool::new(false));
         let started = Arc::new(Mutex::new(Vec::new()));
         let kubeconfig = cp.kubeconfig.clone();
@@ -149,7 +150,16 @@ impl LaneEnv {
         controller_args: &[&str],
         worker_extra: &[&str],
     ) -> LaneEnv {
-        Self::start_opts(cp, prefix, shards, spec, controller_args, worker_extra, false).await
+        Self::start_opts(
+            cp,
+            prefix,
+            shards,
+            spec,
+            controller_args,
+            worker_extra,
+            false,
+        )
+        .await
     }
 
     /// Like [`LaneEnv::start`]; with `kubelet_shards`, the stand-in kubelet
