@@ -418,10 +418,10 @@ async fn execute(
             let started = Instant::now();
             store.pause(source, tenant).await?;
             // An idle tenant is drained already: move it in the same pass.
-            if store.tenant_state(source, tenant).await?.drained() {
-                if repin(store, tenant, source, target).await? {
-                    return Ok(Some(started.elapsed()));
-                }
+            if store.tenant_state(source, tenant).await?.drained()
+                && repin(store, tenant, source, target).await?
+            {
+                return Ok(Some(started.elapsed()));
             }
             Ok(None)
         }
