@@ -561,7 +561,8 @@ pub struct RelocationSpec {
     #[schemars(length(max = 32))]
     pub drain_timeout: Duration,
 
-    /// Tenants moved at once during a reshard.
+    /// Tenants with work outstanding that a reshard pauses and drains at
+    /// once; tenants with nothing queued or in flight move without a slot.
     #[serde(default = "default_max_concurrent_moves")]
     #[x_kube(validation = Rule::new("self >= 1 && self <= 64").message("relocation.maxConcurrentMoves must be between 1 and 64"))]
     pub max_concurrent_moves: i32,
