@@ -195,6 +195,39 @@ async fn strategies_rank_as_the_seeds_predict() {
     assert_eq!(leftover_keys(&redis.url, &mine), Vec::<String>::new());
 }
 
+/// The strategies, and the queues of each, run side by side: the report
+/// must not depend on how they interleave. Two runs of one seed agree on
+/// everything but wall time.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_seed_gives_the_same_report() {
+    let redis = support::redis::shared();
+    let mut mix = small_mix();
+    mix.duration = Duration::from_secs(15).into();
+    mix.whales[0].count = 1200;
+    mix.promotion.promote_after = Duration::from_secs(2).into();
+    let workload = Workload::generate(&mix);
+    let a = simulate::run(&redis.url, &mix, &workload).await.unwrap();
+    let b = simulate::run(&redis.url, &mix, &workload).await.unwrap();
+    for (x, y) in a.results.iter().zip(&b.results) {
+        assert_eq!(x.strategy, y.strategy);
+        assert_eq!(x.small, y.small, "{:?}", x.strategy);
+        assert_eq!(x.whale_drain, y.whale_drain, "{:?}", x.strategy);
+        assert_eq!(x.series, y.series, "{:?}", x.strategy);
+        assert_eq!(x.promoted, y.promoted, "{:?}", x.strategy);
+        assert_eq!(x.makespan, y.makespan, "{:?}", x.strategy);
+        assert_eq!(x.deliveries, y.deliveries, "{:?}", x.strategy);
+        assert!(
+            x.skew == y.skew || (x.skew.is_infinite() && y.skew.is_infinite()),
+            "{:?}",
+            x.strategy
+        );
+    }
+    assert!(
+        !a.get(Strategy::FairLanes).promoted.is_empty(),
+        "the lanes strategy promoted, so the tick barrier was crossed"
+    );
+}
+
 #[tokio::test]
 async fn the_virtual_clock_drives_the_scripts() {
     let redis = support::redis::shared();
