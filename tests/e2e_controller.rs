@@ -77,6 +77,16 @@ fn condition(cp: &ControlPlane, ns: &str, set: &str, type_: &str) -> (String, St
     )
 }
 
+/// When the set's condition `type_` last changed (RFC 3339).
+fn condition_since(cp: &ControlPlane, ns: &str, set: &str, type_: &str) -> String {
+    let s = json(cp, &["get", "shardset", set, "-n", ns, "-o", "json"]);
+    s["status"]["conditions"]
+        .as_array()
+        .and_then(|cs| cs.iter().find(|c| c["type"] == type_).cloned())
+        .and_then(|c| c["lastTransitionTime"].as_str().map(str::to_string))
+        .unwrap_or_default()
+}
+
 #[test]
 fn shardset_becomes_deployments_with_honest_status() {
     let cp = cluster();
@@ -168,6 +178,9 @@ fn shardset_becomes_deployments_with_honest_status() {
     assert_eq!(table.shards, 4);
 
     // A new image rolls every Deployment; Progressing shows, then clears.
+    // (Polling can miss a short True on a busy machine: a False that changed
+    // since the patch was True in between.)
+    let progressing_since = condition_since(cp, &ns, "hooks", "Progressing");
     cp.kubectl_ok(&[
         "patch",
         "shardset",
@@ -181,7 +194,8 @@ fn shardset_becomes_deployments_with_honest_status() {
     let mut saw_progressing = false;
     wait_until("the rollout to finish", Duration::from_secs(120), || {
         let (p, _) = condition(cp, &ns, "hooks", "Progressing");
-        saw_progressing |= p == "True";
+        saw_progressing |=
+            p == "True" || condition_since(cp, &ns, "hooks", "Progressing") != progressing_since;
         let images_done = deployments(cp, &ns, "hooks")
             .iter()
             .all(|d| d["spec"]["template"]["spec"]["containers"][0]["image"] == "lanekeeper:v2");

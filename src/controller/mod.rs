@@ -330,9 +330,12 @@ async fn reconcile_inner(set: &ShardSet, ctx: &Context) -> Result<Action, Error>
 
     // apply, then prune what the set no longer wants
     let params = PatchParams::apply(FIELD_MANAGER).force();
+    // What the API server returns from each apply: the Deployments as they
+    // are now (a new generation not yet rolled out is not available).
+    let mut applied = Vec::with_capacity(wanted.len());
     for d in &wanted {
         let dname = d.metadata.name.clone().unwrap_or_default();
-        deployments.patch(&dname, &params, &Patch::Apply(d)).await?;
+        applied.push(deployments.patch(&dname, &params, &Patch::Apply(d)).await?);
     }
     let wanted_names: Vec<String> = wanted
         .iter()
@@ -348,10 +351,8 @@ async fn reconcile_inner(set: &ShardSet, ctx: &Context) -> Result<Action, Error>
         }
     }
     // Readiness counts the shards the spec asks for.
-    let current: Vec<&Deployment> = existing
-        .items
+    let current: Vec<&Deployment> = applied
         .iter()
-        .filter(|d| wanted_names.contains(&d.name_any()))
         .filter(|d| shard_of(d).is_some_and(|n| n < desired))
         .collect();
     let shards_up = current
