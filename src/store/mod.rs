@@ -547,7 +547,10 @@ enum PubSubSource {
 /// The cluster client for `nodes`. Its retries follow redirects, TRYAGAIN
 /// (a slot mid-migration) and failovers: up to 15 tries, 10 ms to 1 s apart
 /// with jitter (the crate's default waits at least 1.28 s between tries).
-fn cluster_builder(nodes: &[String], opts: &ConnectOptions) -> redis::cluster::ClusterClientBuilder {
+fn cluster_builder(
+    nodes: &[String],
+    opts: &ConnectOptions,
+) -> redis::cluster::ClusterClientBuilder {
     redis::cluster::ClusterClientBuilder::new(nodes.iter().map(String::as_str))
         .connection_timeout(opts.connect_timeout)
         .response_timeout(opts.response_timeout)
@@ -1182,21 +1185,23 @@ impl Store {
                     .build()?;
                 let mut conn = client.get_async_connection().await?;
                 conn.ssubscribe(&channel).await?;
-                Ok(futures::stream::unfold((rx, conn), |(mut rx, conn)| async move {
-                    loop {
-                        match rx.recv().await?.kind {
-                            redis::PushKind::SMessage => return Some(((), (rx, conn))),
-                            // The node dropped the subscription (its slot
-                            // moved away) or the connection: end, and the
-                            // worker subscribes again where the slot is now.
-                            redis::PushKind::SUnsubscribe | redis::PushKind::Disconnection => {
-                                return None
+                Ok(
+                    futures::stream::unfold((rx, conn), |(mut rx, conn)| async move {
+                        loop {
+                            match rx.recv().await?.kind {
+                                redis::PushKind::SMessage => return Some(((), (rx, conn))),
+                                // The node dropped the subscription (its slot
+                                // moved away) or the connection: end, and the
+                                // worker subscribes again where the slot is now.
+                                redis::PushKind::SUnsubscribe | redis::PushKind::Disconnection => {
+                                    return None
+                                }
+                                _ => continue,
                             }
-                            _ => continue,
                         }
-                    }
-                })
-                .boxed())
+                    })
+                    .boxed(),
+                )
             }
         }
     }
@@ -1582,12 +1587,13 @@ impl Store {
                         .arg(&pattern)
                         .arg("COUNT")
                         .arg(1000);
-                    let (next, keys): (u64, Vec<String>) =
-                        redis::from_redis_value(self.on_node(node.as_ref(), scan).await?)
-                            .map_err(|e| StoreError::Protocol {
-                                script: "scan",
-                                detail: e.to_string(),
-                            })?;
+                    let (next, keys): (u64, Vec<String>) = redis::from_redis_value(
+                        self.on_node(node.as_ref(), scan).await?,
+                    )
+                    .map_err(|e| StoreError::Protocol {
+                        script: "scan",
+                        detail: e.to_string(),
+                    })?;
                     if !keys.is_empty() {
                         // The cluster client splits a many-key UNLINK by
                         // slot and adds up the counts.
@@ -1645,10 +1651,7 @@ impl Store {
                 }
             }
         }
-        Ok(primaries
-            .into_iter()
-            .map(|((h, p), n)| (h, p, n))
-            .collect())
+        Ok(primaries.into_iter().map(|((h, p), n)| (h, p, n)).collect())
     }
 
     /// Run `cmd` on one cluster node (`Some((host, port))`) or, with
@@ -1820,7 +1823,9 @@ mod tests {
     fn cluster_urls_give_one_url_per_seed_node() {
         assert_eq!(cluster_nodes("redis://h:1/0"), None);
         assert_eq!(
-            cluster_nodes("redis+cluster://a:7000,b:7001,c").unwrap().unwrap(),
+            cluster_nodes("redis+cluster://a:7000,b:7001,c")
+                .unwrap()
+                .unwrap(),
             vec!["redis://a:7000", "redis://b:7001", "redis://c:6379"]
         );
         assert_eq!(
@@ -1834,7 +1839,9 @@ mod tests {
         );
         assert!(cluster_nodes("redis+cluster://a:1/3").unwrap().is_err());
         assert!(cluster_nodes("redis+cluster://a:1,,b:2").unwrap().is_err());
-        assert!(cluster_nodes("redis+cluster://a:notaport").unwrap().is_err());
+        assert!(cluster_nodes("redis+cluster://a:notaport")
+            .unwrap()
+            .is_err());
     }
 
     #[test]
@@ -1843,7 +1850,10 @@ mod tests {
         assert_eq!(url, "redis+cluster://:p%40ss%20word@a:7000,b:7001/");
         assert_eq!(
             cluster_nodes(&url).unwrap().unwrap(),
-            vec!["redis://:p%40ss%20word@a:7000", "redis://:p%40ss%20word@b:7001"]
+            vec![
+                "redis://:p%40ss%20word@a:7000",
+                "redis://:p%40ss%20word@b:7001"
+            ]
         );
         assert_eq!(
             with_password("redis://r:6379/0", "x").unwrap(),
