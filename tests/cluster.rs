@@ -51,7 +51,12 @@ fn key_slot(key: &str) -> u16 {
 #[test]
 fn key_slot_agrees_with_the_cluster() {
     let c = shared();
-    for key in ["lk:{worker/w1/shard-00}", "lk:{a/b}:routing", "plain", "{}x"] {
+    for key in [
+        "lk:{worker/w1/shard-00}",
+        "lk:{a/b}:routing",
+        "plain",
+        "{}x",
+    ] {
         assert_eq!(key_slot(key), c.keyslot(key), "{key}");
     }
 }
@@ -132,6 +137,24 @@ async fn queues_spread_over_every_primary_and_purge_reaches_them_all() {
     assert_eq!(per_node("lk:{spread/s64*").values().sum::<usize>(), 0);
     assert!(per_node("lk:{spread/other*").values().sum::<usize>() > 0);
     other.purge_set().await.unwrap();
+}
+
+/// Wake-ups travel by sharded pub/sub (SPUBLISH in the scripts, SSUBSCRIBE
+/// through the cluster client at the node owning the queue's slot).
+#[tokio::test]
+async fn a_tenant_becoming_active_wakes_subscribers() {
+    use futures::StreamExt;
+    let c = shared();
+    let s = Store::connect(&c.url, SetId::new("wake", "w"), Default::default())
+        .await
+        .unwrap();
+    let mut wakes = Box::pin(s.wakeups(Q).await.unwrap());
+    s.enqueue(Q, &envelope("sleepy", 0)).await.unwrap();
+    tokio::time::timeout(Duration::from_secs(5), wakes.next())
+        .await
+        .expect("a wake-up within 5 s")
+        .expect("the stream is open");
+    s.purge_set().await.unwrap();
 }
 
 /// Deliveries seen by the receiver: (duplicates, longest gap between two
@@ -251,6 +274,22 @@ async fn failover_of_the_queue_primary_loses_nothing() {
     let slot = key_slot(&s.store.queue_prefix(Q));
     let primary = cluster.primary_of(slot);
     let replica = cluster.replica_of(&primary.id);
+
+    // A primary that lost the function library (a fresh node, a restart
+    // without persistence) answers "Function not found": the store loads
+    // the library on every primary and retries.
+    let libraries = |port: u16| cluster.cli(port, &["FUNCTION", "LIST"]);
+    assert!(libraries(primary.port).contains("lanekeeper_"));
+    assert_eq!(
+        cluster.cli(primary.port, &["FUNCTION", "FLUSH"]).trim(),
+        "OK"
+    );
+    assert!(!libraries(primary.port).contains("lanekeeper_"));
+    s.endpoint("first", "ok", 1).await;
+    s.send("first", 0..1).await;
+    for n in cluster.topology().iter().filter(|n| n.primary) {
+        assert!(libraries(n.port).contains("lanekeeper_"), "{}", n.port);
+    }
     let started = Instant::now();
     let c = cluster.clone();
     let (dups, stall, retries) = deliver_through(&s, move || {
@@ -265,6 +304,10 @@ async fn failover_of_the_queue_primary_loses_nothing() {
     })
     .await;
     assert_eq!(cluster.primary_of(slot).port, replica.port);
+    assert!(
+        libraries(replica.port).contains("lanekeeper_"),
+        "the promoted replica has the library by replication"
+    );
     eprintln!(
         "failover: {} envelopes all arrived in {:?}; {dups} delivered twice; longest stall {stall} ms; {retries} producer batches retried",
         TENANTS as u64 * (BEFORE + DURING),
@@ -375,7 +418,11 @@ fn simulate_runs_on_the_cluster_and_cleans_up() {
         .topology()
         .iter()
         .filter(|n| n.primary)
-        .map(|n| c.cli(n.port, &["--scan", "--pattern", "lk:{simulate/*"]).lines().count())
+        .map(|n| {
+            c.cli(n.port, &["--scan", "--pattern", "lk:{simulate/*"])
+                .lines()
+                .count()
+        })
         .sum();
     assert_eq!(left, 0, "simulate left keys behind");
 }

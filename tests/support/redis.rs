@@ -209,14 +209,26 @@ impl TestCluster {
                     let mut v: Vec<String> = self
                         .topology_from(n.port)
                         .into_iter()
-                        .filter(|i| i.primary && !i.slots.is_empty())
-                        .map(|i| format!("{}={:?}", i.port, i.slots))
+                        .map(|i| match &i.replica_of {
+                            None => format!("{}={:?}", i.port, i.slots),
+                            Some(p) => format!("{}->{p}", i.port),
+                        })
                         .collect();
                     v.sort();
-                    v.join(" ")
+                    v.join(";")
                 })
                 .collect();
-            if ok && views.len() == 1 {
+            // Every replica has caught up with its primary (a coordinated
+            // failover needs that) and every node sees every live node.
+            let replicas_up = live.iter().all(|n| {
+                let info = self.cli(n.port, &["INFO", "replication"]);
+                info.contains("role:master") || info.contains("master_link_status:up")
+            });
+            let complete = views
+                .iter()
+                .next()
+                .is_some_and(|v| v.split(';').count() == live.len());
+            if ok && replicas_up && complete && views.len() == 1 {
                 return;
             }
             assert!(
@@ -330,7 +342,10 @@ impl TestCluster {
         );
         assert!(
             out.status.success() && !text.contains("[ERR]"),
-            "redis-cli --cluster reshard failed:\n{text}"
+            "redis-cli --cluster reshard failed; the end of its output:\n{}",
+            &text[(text.len().saturating_sub(1500)..)
+                .find(|i| text.is_char_boundary(*i))
+                .unwrap_or(0)..]
         );
         self.wait_healthy(Duration::from_secs(30));
         text
