@@ -1703,6 +1703,36 @@ fn parse_lease(q: QueueId, items: &[Value]) -> Result<LeaseOutcome> {
     }
 }
 
+/// `url` as a Redis Cluster URL when `cluster` is set (a ShardSet's
+/// `spec.redis.cluster`): `redis://` becomes `redis+cluster://` and
+/// `rediss://` `rediss+cluster://`. Otherwise, or when it names a cluster
+/// already, `url` unchanged.
+pub fn cluster_url(url: &str, cluster: bool) -> String {
+    match url.split_once("://") {
+        Some((scheme @ ("redis" | "rediss"), rest)) if cluster => {
+            format!("{scheme}+cluster://{rest}")
+        }
+        _ => url.to_string(),
+    }
+}
+
+/// `url` with any password replaced by `***`, for messages.
+pub fn redact(url: &str) -> String {
+    match url.split_once("://") {
+        Some((scheme, rest)) => {
+            let end = rest.find(['/', '?']).unwrap_or(rest.len());
+            match rest[..end].rsplit_once('@') {
+                Some((userinfo, hosts)) => {
+                    let user = userinfo.split_once(':').map_or(userinfo, |(u, _)| u);
+                    format!("{scheme}://{user}:***@{hosts}{}", &rest[end..])
+                }
+                None => url.to_string(),
+            }
+        }
+        None => url.to_string(),
+    }
+}
+
 /// `url` with `password` set (for a Redis whose password lives in its own Secret).
 /// A cluster URL (`redis+cluster://host:port,host:port`) gets it once, for
 /// every node.
@@ -1859,6 +1889,28 @@ mod tests {
             with_password("redis://r:6379/0", "x").unwrap(),
             "redis://:x@r:6379/0"
         );
+    }
+
+    #[test]
+    fn the_cluster_flag_turns_a_url_into_a_cluster_url() {
+        assert_eq!(cluster_url("redis://r:6379/0", false), "redis://r:6379/0");
+        assert_eq!(
+            cluster_url("redis://r:6379", true),
+            "redis+cluster://r:6379"
+        );
+        assert_eq!(
+            cluster_url("rediss://:pw@r:6379", true),
+            "rediss+cluster://:pw@r:6379"
+        );
+        assert_eq!(
+            cluster_url("redis+cluster://a:1,b:2", true),
+            "redis+cluster://a:1,b:2"
+        );
+        assert_eq!(
+            redact("redis+cluster://u:secret@a:1,b:2/?x=1"),
+            "redis+cluster://u:***@a:1,b:2/?x=1"
+        );
+        assert_eq!(redact("redis://r:6379/0"), "redis://r:6379/0");
     }
 
     #[test]
