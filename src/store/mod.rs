@@ -16,7 +16,7 @@
 //! [`cluster_nodes`]): there it goes through the `redis` crate's cluster
 //! client, which follows MOVED and ASK redirects and failovers. Every
 //! function call declares two keys of its queue's slot, the queue prefix and
-//! [`FENCE`] suffix, neither of which ever exists: while that slot is being
+//! [`SLOT_GUARD`] suffix, neither of which ever exists: while that slot is being
 //! migrated, Redis answers such a call TRYAGAIN (on the source and on the
 //! target alike) instead of running it against half-moved keys, and the
 //! client retries until the migration of the slot is done.
@@ -440,7 +440,7 @@ const DELIVER: &str = include_str!("lua/deliver.lua");
 
 /// The suffix of the second key every per-queue call declares: a key of the
 /// queue's slot that no script ever writes (see the module documentation).
-pub const FENCE: &str = ":~fence";
+pub const SLOT_GUARD: &str = ":~slotguard";
 
 fn build_library(cluster: bool) -> Library {
     use blake2::digest::{Update, VariableOutput};
@@ -702,7 +702,7 @@ impl Store {
         let mut cmd = redis::cmd("FCALL");
         cmd.arg(f.name(self.lib));
         if f.per_queue() {
-            cmd.arg(2).arg(key).arg(format!("{key}{FENCE}"));
+            cmd.arg(2).arg(key).arg(format!("{key}{SLOT_GUARD}"));
         } else {
             cmd.arg(1).arg(key);
         }
@@ -953,7 +953,7 @@ impl Store {
         limit: impl Fn(&str) -> Option<u64>,
     ) -> Result<Vec<Result<EnqueueOutcome>>> {
         let prefix = self.queue_prefix(q);
-        let fence = format!("{prefix}{FENCE}");
+        let guard = format!("{prefix}{SLOT_GUARD}");
         let function = Func::Enqueue.name(self.lib);
         let mut results: Vec<Option<Result<EnqueueOutcome>>> = Vec::with_capacity(envs.len());
         let mut valid: Vec<(usize, Vec<u8>)> = Vec::with_capacity(envs.len());
@@ -973,7 +973,7 @@ impl Store {
                 .arg(&function)
                 .arg(2)
                 .arg(&prefix)
-                .arg(&fence);
+                .arg(&guard);
             for (i, payload) in chunk {
                 let env = &envs[*i];
                 cmd.arg(&env.id)
