@@ -13,9 +13,10 @@ pub struct Producer {
     routing: RoutingCache,
 }
 
-/// How many MOVED answers in a row before giving up: each one refreshes the
-/// table, so more than a few means the table and the queues disagree.
-const MAX_REDIRECTS: usize = 4;
+/// How many MOVED or STALE answers in a row before giving up: each one
+/// refreshes the table, so more than a few means the table and the queues
+/// disagree.
+const MAX_REDIRECTS: usize = 6;
 
 impl Producer {
     pub fn new(store: Store, routing_ttl: Duration) -> Self {
@@ -44,20 +45,32 @@ impl Producer {
         let mut results: Vec<Option<Result<(QueueId, EnqueueOutcome)>>> =
             (0..envs.len()).map(|_| None).collect();
         let mut pending: Vec<usize> = (0..envs.len()).collect();
+        // Where a queue answered MOVED, the envelope follows that answer: the
+        // queue's mark is the authority (the table may still pin the tenant
+        // to the queue it left, as a reshard does until its move finishes).
+        let mut redirect: BTreeMap<usize, QueueId> = BTreeMap::new();
         let mut table = self.routing.table().await?;
+        let mut stale = false;
         for attempt in 0..=MAX_REDIRECTS {
             if pending.is_empty() {
                 break;
             }
             if attempt > 0 {
+                if stale {
+                    // A reshard fenced the queues a moment before it writes
+                    // the new shard count: give it that moment.
+                    tokio::time::sleep(Duration::from_millis(5 << attempt)).await;
+                }
                 table = self.routing.refresh().await?;
             }
+            stale = false;
             let mut by_queue: BTreeMap<QueueId, Vec<usize>> = BTreeMap::new();
             for i in pending.drain(..) {
-                by_queue
-                    .entry(table.route(&envs[i].tenant))
-                    .or_default()
-                    .push(i);
+                let q = redirect
+                    .get(&i)
+                    .copied()
+                    .unwrap_or_else(|| table.route(&envs[i].tenant));
+                by_queue.entry(q).or_default().push(i);
             }
             for (q, idx) in by_queue {
                 // All of them, in order, to one queue (the usual case): no copies.
@@ -70,11 +83,25 @@ impl Producer {
                 let outcomes = self
                     .routing
                     .store()
-                    .enqueue_batch_limited(q, if whole { envs } else { &batch }, &limit)
+                    .enqueue_batch_routed(
+                        q,
+                        if whole { envs } else { &batch },
+                        &limit,
+                        table.version.max(1),
+                    )
                     .await?;
                 for (i, outcome) in idx.into_iter().zip(outcomes) {
                     match outcome {
-                        Ok(EnqueueOutcome::Moved(_)) => pending.push(i),
+                        Ok(EnqueueOutcome::Moved(to)) => {
+                            redirect.insert(i, to);
+                            pending.push(i);
+                        }
+                        Ok(EnqueueOutcome::Stale { .. }) => {
+                            // Route again by the fresh table.
+                            redirect.remove(&i);
+                            stale = true;
+                            pending.push(i);
+                        }
                         Ok(o) => results[i] = Some(Ok((q, o))),
                         Err(e) => results[i] = Some(Err(e)),
                     }
@@ -89,7 +116,7 @@ impl Producer {
                     Err(StoreError::Protocol {
                         script: "enqueue",
                         detail: format!(
-                            "tenant {} kept answering MOVED after {MAX_REDIRECTS} routing refreshes",
+                            "tenant {} kept answering MOVED or STALE after {MAX_REDIRECTS} routing refreshes",
                             env.tenant
                         ),
                     })

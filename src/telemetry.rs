@@ -218,6 +218,8 @@ pub struct ControllerMetrics {
     pub tenant_share: Family<TenantShareLabels, FloatGauge>,
     pub lane_phase: Family<LaneLabels, Gauge>,
     pub lane_conditions: Family<LaneConditionLabels, Gauge>,
+    pub reshard_moves: Family<SetLabels, Counter>,
+    pub reshard_pause: HistogramFamily<SetLabels>,
     published: Arc<Mutex<std::collections::HashMap<SetLabels, Published>>>,
 }
 
@@ -292,6 +294,19 @@ impl Default for ControllerMetrics {
             "DedicatedLane status conditions: 1 when True, 0 otherwise",
             lane_conditions.clone(),
         );
+        let reshard_moves = Family::<SetLabels, Counter>::default();
+        let reshard_pause: HistogramFamily<SetLabels> =
+            Family::new_with_constructor(wait_histogram);
+        registry.register(
+            "lanekeeper_reshard_moves",
+            "Tenants moved to their new hash queue by reshards",
+            reshard_moves.clone(),
+        );
+        registry.register(
+            "lanekeeper_reshard_pause_seconds",
+            "Per tenant moved by a reshard: time from its pause to its resume on the new queue",
+            reshard_pause.clone(),
+        );
         Self {
             registry: Arc::new(registry),
             reconciles,
@@ -306,6 +321,8 @@ impl Default for ControllerMetrics {
             tenant_share,
             lane_phase,
             lane_conditions,
+            reshard_moves,
+            reshard_pause,
             published: Arc::default(),
         }
     }

@@ -9,6 +9,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use lanekeeper::envelope::Envelope;
+use lanekeeper::producer::Producer;
+use lanekeeper::routing::{hash_shard, QueueId};
 use lanekeeper::scheduler::QueuePolicy;
 use lanekeeper::store::{
     ConnectOptions, EnqueueOutcome, Failure, LeaseOutcome, NackOutcome, SetId, Store, StoreError,
@@ -596,4 +598,56 @@ async fn release_returns_the_envelope_without_counting_an_attempt() {
     assert!(!s.release(&l).await.unwrap(), "release is idempotent");
     let again = lease(&s, Q).await.unwrap();
     assert_eq!((seq_of(&again), again.attempts), (0, 0));
+}
+
+/// A reshard fences the shard queues before it writes the new shard count:
+/// a producer whose cached table still has the old count is refused (STALE)
+/// and sends where the new table says, so a tenant never seen before cannot
+/// have its first envelopes split between its old and new hash queues.
+#[tokio::test]
+async fn a_fenced_queue_refuses_a_stale_table_and_the_producer_reroutes() {
+    let s = store(QueuePolicy::default()).await;
+    s.set_shards(4).await.unwrap();
+    // cached for a minute: stale after the change below
+    let stale = Producer::new(s.clone(), Duration::from_secs(60));
+    let tenant = (0..1000)
+        .map(|i| format!("newcomer{i}"))
+        .find(|t| hash_shard(t, 4) != hash_shard(t, 6))
+        .unwrap();
+    let warm = Envelope {
+        id: "warm".into(),
+        ..env("someone-else", 0)
+    };
+    stale.send(&warm).await.unwrap();
+    let (old, new) = (hash_shard(&tenant, 4), hash_shard(&tenant, 6));
+
+    // what the planner does: fence every shard queue, then the new count
+    let version = s.routing().await.unwrap().version + 1;
+    for n in 0..6 {
+        s.fence_routing(QueueId::Shard(n), version).await.unwrap();
+    }
+    // a lower fence never replaces a higher one
+    s.fence_routing(old, version - 1).await.unwrap();
+    assert_eq!(s.set_shards(6).await.unwrap(), version);
+
+    // routed by the stale table (version - 1), the queue says STALE
+    let refused = s
+        .enqueue_batch_routed(old, &[env(&tenant, 0)], |_| None, version - 1)
+        .await
+        .unwrap();
+    assert_eq!(
+        refused[0].as_ref().unwrap(),
+        &EnqueueOutcome::Stale { fence: version }
+    );
+    assert_eq!(s.tenant_state(old, &tenant).await.unwrap().depth, 0);
+    // the producer refreshes and goes to the new hash queue
+    let (q, outcome) = stale.send(&env(&tenant, 1)).await.unwrap();
+    assert_eq!(q, new);
+    assert!(matches!(outcome, EnqueueOutcome::Queued { .. }));
+    assert_eq!(s.tenant_state(old, &tenant).await.unwrap().depth, 0);
+    // calls that did not route by a table (tests, imports) are not checked
+    assert!(matches!(
+        s.enqueue(old, &env(&tenant, 2)).await.unwrap(),
+        EnqueueOutcome::Queued { .. }
+    ));
 }

@@ -64,13 +64,33 @@ pub fn shard_selector(set: &str) -> String {
 
 /// One worker Deployment per shard, named `<set>-shard-NN`.
 pub fn shard_deployments(set: &ShardSet) -> Result<Vec<Deployment>, BuildError> {
+    shard_deployments_upto(set, 0)
+}
+
+/// The shard Deployments of `set`, for at least `keep` shards: during a
+/// reshard the shards beyond `spec.shards` stay until everyone has left them.
+pub fn shard_deployments_upto(set: &ShardSet, keep: u16) -> Result<Vec<Deployment>, BuildError> {
     let shards = set.spec.shards;
     if !(1..=1024).contains(&shards) {
         return Err(BuildError::Shards(shards));
     }
-    (0..shards as u16)
+    (0..(shards as u16).max(keep))
         .map(|n| worker_deployment(set, QueueId::Shard(n), "shard", &set.spec.worker))
         .collect()
+}
+
+/// The shard a set's shard Deployment serves, from its queue label.
+pub fn shard_of(d: &Deployment) -> Option<u16> {
+    match d
+        .metadata
+        .labels
+        .as_ref()?
+        .get("lanekeeper.io/queue")?
+        .parse()
+    {
+        Ok(QueueId::Shard(n)) => Some(n),
+        _ => None,
+    }
 }
 
 /// The label selector that finds a set's lane Deployments.

@@ -743,6 +743,11 @@ async fn step_until_wait(io: &mut Io<'_>) -> Result<Action, LaneError> {
                 let index = st.lane_index.unwrap_or(0);
                 let lane_q = QueueId::Lane(index as u8);
                 let routing = io.store.routing().await?;
+                if matches!(routing.pins.get(&tenant), Some(QueueId::Shard(_))) {
+                    // A reshard is moving the tenant (see `reshard`): take it
+                    // once it is on its new hash shard.
+                    return Ok(Action::requeue(Duration::from_secs(1)));
+                }
                 let from = routing.route(&tenant);
                 io.store
                     .configure_queue(lane_q, &QueuePolicy::from_spec(&io.set.spec))

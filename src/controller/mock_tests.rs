@@ -67,6 +67,29 @@ async fn expect(
     send.send_response(response);
 }
 
+/// Answer the lists a reconcile starts with (shard Deployments, lanes): none.
+async fn expect_empty_lists(handle: &mut Handle<Request<Body>, Response<Body>>) {
+    for (path_end, kind) in [
+        ("/namespaces/prod/deployments", "DeploymentList"),
+        ("/namespaces/prod/dedicatedlanes", "DedicatedLaneList"),
+    ] {
+        let list = serde_json::json!({
+            "kind": kind, "apiVersion": "v1", "metadata": {"resourceVersion": "1"}, "items": [],
+        });
+        expect(
+            handle,
+            Method::GET,
+            path_end,
+            Response::builder()
+                .status(200)
+                .header("content-type", "application/json")
+                .body(Body::from(serde_json::to_vec(&list).unwrap()))
+                .unwrap(),
+        )
+        .await;
+    }
+}
+
 #[tokio::test]
 async fn conflict_on_apply_is_retried_with_growing_backoff() {
     let (ctx, mut handle) = ctx();
@@ -75,6 +98,7 @@ async fn conflict_on_apply_is_retried_with_growing_backoff() {
         let server = {
             let mut handle_ref = std::mem::replace(&mut handle, mock::pair().1);
             tokio::spawn(async move {
+                expect_empty_lists(&mut handle_ref).await;
                 expect(
                     &mut handle_ref,
                     Method::PATCH,
@@ -101,6 +125,7 @@ async fn server_errors_are_transient_not_fatal() {
     let (ctx, mut handle) = ctx();
     let set = Arc::new(set(1));
     let server = tokio::spawn(async move {
+        expect_empty_lists(&mut handle).await;
         expect(
             &mut handle,
             Method::PATCH,

@@ -10,6 +10,7 @@ pub mod lane;
 #[cfg(test)]
 mod mock_tests;
 pub mod promotion;
+pub mod reshard;
 pub mod status;
 
 use std::collections::HashMap;
@@ -32,7 +33,7 @@ use crate::crd::{DedicatedLane, RedisSpec, ShardSet, ShardSetStatus};
 use crate::routing::QueueId;
 use crate::scheduler::QueuePolicy;
 use crate::store::{ConnectOptions, SetId, Store};
-use build::{shard_deployments, shard_selector, BuildError, FIELD_MANAGER};
+use build::{shard_deployments_upto, shard_of, shard_selector, BuildError, FIELD_MANAGER};
 
 /// What can go wrong in a reconcile.
 #[derive(Debug, thiserror::Error)]
@@ -55,6 +56,8 @@ pub struct Context {
     failures: Mutex<HashMap<ObjectRef<ShardSet>, u32>>,
     /// Lane indexes are handed out one at a time.
     admission: tokio::sync::Mutex<()>,
+    /// Per set: the reshard under way, as this process last decided it.
+    reshards: Mutex<HashMap<ObjectRef<ShardSet>, Arc<tokio::sync::Mutex<ReshardMemory>>>>,
     pub metrics: crate::telemetry::ControllerMetrics,
 }
 
@@ -66,10 +69,21 @@ impl Context {
             stores: Mutex::default(),
             failures: Mutex::default(),
             admission: tokio::sync::Mutex::new(()),
+            reshards: Mutex::default(),
             metrics,
         }
     }
 }
+
+/// A set's reshard memory, seeded once from its status (after a restart).
+#[derive(Debug, Default)]
+struct ReshardMemory {
+    seeded: bool,
+    set: reshard::SetMemory,
+}
+
+/// How often a reshard under way is looked at again.
+const RESHARD_POLL: Duration = Duration::from_millis(500);
 
 /// Where the controller runs.
 #[derive(Clone, Debug)]
@@ -244,16 +258,75 @@ async fn reconcile_inner(set: &ShardSet, ctx: &Context) -> Result<Action, Error>
     let ns = set.namespace().unwrap_or_default();
     let deployments: Api<Deployment> = Api::namespaced(ctx.client.clone(), &ns);
     let sets: Api<ShardSet> = Api::namespaced(ctx.client.clone(), &ns);
+    let lane_api: Api<DedicatedLane> = Api::namespaced(ctx.client.clone(), &ns);
 
-    // validate + build (pure)
-    let wanted = match shard_deployments(set) {
-        Ok(w) => w,
-        Err(e) => {
-            let st = status::invalid_spec(set, &e.to_string());
-            write_status(&sets, set, ctx, st).await?;
-            return Err(e.into());
-        }
+    // validate (pure)
+    if let Err(e) = shard_deployments_upto(set, 0) {
+        let st = status::invalid_spec(set, &e.to_string());
+        write_status(&sets, set, ctx, st).await?;
+        return Err(e.into());
+    }
+    let desired = set.spec.shards as u16;
+    let existing = deployments
+        .list(&ListParams::default().labels(&shard_selector(&name)))
+        .await?;
+    let existing_shards = existing
+        .items
+        .iter()
+        .filter_map(shard_of)
+        .map(|n| n + 1)
+        .max()
+        .unwrap_or(0);
+    let all_lanes = lane_api.list(&ListParams::default()).await?.items;
+    // Tenants a DedicatedLane is moving or serving: a reshard leaves them be.
+    let lane_tenants: std::collections::BTreeSet<String> = all_lanes
+        .iter()
+        .filter(|l| l.spec.shard_set == name)
+        .filter(|l| {
+            l.status
+                .as_ref()
+                .is_none_or(|s| s.phase != crate::crd::LanePhase::Retired)
+        })
+        .map(|l| l.spec.tenant.clone())
+        .collect();
+
+    // The reshard under way, if any: remembered here, seeded from status.
+    let memory = {
+        let mut all = ctx.reshards.lock().unwrap_or_else(|e| e.into_inner());
+        all.entry(ObjectRef::from_obj(set)).or_default().clone()
     };
+    let mut memory = memory.lock().await;
+    if !memory.seeded {
+        memory.seeded = true;
+        memory.set.progress = set.status.as_ref().and_then(|s| s.resharding.clone());
+    }
+    let store = store_for(set, ctx).await;
+    let routing = match &store {
+        Ok(store) => store.routing().await.map_err(|e| e.to_string()),
+        Err(e) => Err(e.clone()),
+    };
+    if let (Ok(table), None) = (&routing, &memory.set.progress) {
+        // Moves pinned but no record of them (status lost in a crash).
+        let pinned = reshard::in_motion(table).len();
+        if pinned > 0 {
+            memory.set.progress = Some(crate::crd::ReshardProgress {
+                from_shards: existing_shards.max(table.shards) as i32,
+                to_shards: desired as i32,
+                to_move: pinned as i32,
+                ..Default::default()
+            });
+        }
+    }
+    let table_shards = routing.as_ref().map(|t| t.shards).unwrap_or(desired);
+    let change_pending = table_shards != 0 && table_shards != desired;
+    let resharding = change_pending || memory.set.progress.is_some();
+    // While a reshard runs, no shard Deployment is removed.
+    let keep = if resharding {
+        desired.max(existing_shards).max(table_shards)
+    } else {
+        desired
+    };
+    let wanted = shard_deployments_upto(set, keep)?;
 
     // apply, then prune what the set no longer wants
     let params = PatchParams::apply(FIELD_MANAGER).force();
@@ -261,9 +334,6 @@ async fn reconcile_inner(set: &ShardSet, ctx: &Context) -> Result<Action, Error>
         let dname = d.metadata.name.clone().unwrap_or_default();
         deployments.patch(&dname, &params, &Patch::Apply(d)).await?;
     }
-    let existing = deployments
-        .list(&ListParams::default().labels(&shard_selector(&name)))
-        .await?;
     let wanted_names: Vec<String> = wanted
         .iter()
         .filter_map(|d| d.metadata.name.clone())
@@ -277,30 +347,56 @@ async fn reconcile_inner(set: &ShardSet, ctx: &Context) -> Result<Action, Error>
                 .await?;
         }
     }
+    // Readiness counts the shards the spec asks for.
     let current: Vec<&Deployment> = existing
         .items
         .iter()
         .filter(|d| wanted_names.contains(&d.name_any()))
+        .filter(|d| shard_of(d).is_some_and(|n| n < desired))
         .collect();
+    let shards_up = current
+        .iter()
+        .filter(|d| status::shard_available(d))
+        .count()
+        == desired as usize;
 
-    // Redis: routing table and queue policies, then attribution for status
-    let redis = sync_redis(set, ctx).await;
+    // Redis: the reshard's plan and moves, queue policies, attribution
+    let mut view = status::ReshardView::default();
+    if let (Ok(store), Ok(_)) = (&store, &routing) {
+        if let Err(e) = run_reshard(
+            set,
+            store,
+            &mut memory.set,
+            &lane_tenants,
+            keep,
+            shards_up,
+            &mut view,
+            ctx,
+        )
+        .await
+        {
+            warn!(set = %name, error = %e, "reshard step failed; retrying");
+        }
+    }
+    drop(memory);
+    let redis = sync_redis(set, ctx, keep).await;
 
-    let lane_api: Api<DedicatedLane> = Api::namespaced(ctx.client.clone(), &ns);
-    let all_lanes = lane_api.list(&ListParams::default()).await?.items;
     let (admitted, waiting_for_cap) = lane::summary(&name, &all_lanes);
     let lanes = status::Lanes {
         admitted,
         waiting_for_cap,
     };
-    let st = status::compute(set, &current, lanes, redis.as_ref());
+    let st = status::compute(set, &current, lanes, redis.as_ref(), &view);
     let ready = st
         .conditions
         .iter()
         .any(|c| c.type_ == "Ready" && c.status == "True");
+    let moving = st.resharding.is_some() || view.waiting_for_shards;
     write_status(&sets, set, ctx, st).await?;
     record_lanes(set, ctx).await;
-    Ok(if ready {
+    Ok(if moving {
+        Action::requeue(RESHARD_POLL)
+    } else if ready {
         // Also the period at which a Redis outage and attribution are noticed.
         Action::requeue(Duration::from_secs(15))
     } else {
@@ -308,11 +404,80 @@ async fn reconcile_inner(set: &ShardSet, ctx: &Context) -> Result<Action, Error>
     })
 }
 
-/// Write the routing table and the queue policies; read attribution.
-async fn sync_redis(set: &ShardSet, ctx: &Context) -> Result<status::RedisView, String> {
+/// Plan a shard-count change once the spec's shards are available, then
+/// advance its moves. Fills `view` for status.
+#[allow(clippy::too_many_arguments)]
+async fn run_reshard(
+    set: &ShardSet,
+    store: &Store,
+    memory: &mut reshard::SetMemory,
+    lane_tenants: &std::collections::BTreeSet<String>,
+    keep: u16,
+    shards_up: bool,
+    view: &mut status::ReshardView,
+    ctx: &Context,
+) -> Result<(), crate::store::StoreError> {
+    let desired = set.spec.shards as u16;
+    let table = store.routing().await?;
+    if table.shards == 0 {
+        // A new set: nothing lives anywhere yet.
+        store.set_shards(desired).await?;
+    } else if table.shards != desired {
+        if !shards_up {
+            // New shards first: nobody moves onto a shard without workers.
+            view.waiting_for_shards = true;
+            view.progress = memory.progress.clone();
+            return Ok(());
+        }
+        let policy = QueuePolicy::from_spec(&set.spec);
+        for n in 0..keep {
+            store.configure_queue(QueueId::Shard(n), &policy).await?;
+        }
+        memory.progress =
+            reshard::plan(store, desired, keep, lane_tenants, memory.progress.take()).await?;
+    }
+    if memory.progress.is_none() {
+        return Ok(());
+    }
+    if !shards_up {
+        view.waiting_for_shards = true;
+        view.progress = memory.progress.clone();
+        return Ok(());
+    }
+    let pass = reshard::advance(
+        store,
+        memory,
+        keep,
+        lane_tenants,
+        set.spec.relocation.drain_timeout.into(),
+        set.spec.relocation.max_concurrent_moves.max(1) as usize,
+    )
+    .await?;
+    let labels = set_labels(set);
+    for paused in &pass.finished {
+        ctx.metrics
+            .reshard_pause
+            .get_or_create(&labels)
+            .observe(paused.as_secs_f64());
+    }
+    ctx.metrics
+        .reshard_moves
+        .get_or_create(&labels)
+        .inc_by(pass.finished.len() as u64);
+    view.progress = pass.progress;
+    view.draining = pass.draining;
+    Ok(())
+}
+
+/// Write the queue policies; read attribution and export queue depths.
+/// `shards`: the shard queues in use (more than the spec's while a shrink
+/// runs). The routing table's shard count is the reshard's to write.
+async fn sync_redis(
+    set: &ShardSet,
+    ctx: &Context,
+    shards: u16,
+) -> Result<status::RedisView, String> {
     let store = store_for(set, ctx).await?;
-    let shards = set.spec.shards as u16;
-    store.set_shards(shards).await.map_err(|e| e.to_string())?;
     let policy = QueuePolicy::from_spec(&set.spec);
     let window: Duration = set.spec.promotion.window.into();
     let mut view = status::RedisView::default();
@@ -363,7 +528,7 @@ async fn sync_redis(set: &ShardSet, ctx: &Context) -> Result<status::RedisView, 
     ctx.metrics
         .shards
         .get_or_create(&set_labels(set))
-        .set(shards as i64);
+        .set(set.spec.shards as i64);
     Ok(view)
 }
 

@@ -122,12 +122,52 @@ pub struct Lanes {
     pub waiting_for_cap: bool,
 }
 
-/// Status from the shard Deployments, the lanes and what Redis said.
+/// A shard-count change, as its status needs it.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct ReshardView {
+    pub progress: Option<crate::crd::ReshardProgress>,
+    /// The spec's new shards are not all available yet: nobody moves.
+    pub waiting_for_shards: bool,
+    /// Tenants paused and draining now.
+    pub draining: usize,
+}
+
+/// The `Resharding` condition's status, reason and message.
+pub fn resharding(view: &ReshardView, desired: i32) -> (bool, &'static str, String) {
+    match (&view.progress, view.waiting_for_shards) {
+        (None, false) => (false, "Idle", "no shard-count change under way".to_string()),
+        (None, true) => (
+            true,
+            "WaitingForShards",
+            format!("waiting for the {desired} shard Deployments to be available before any tenant moves"),
+        ),
+        (Some(p), true) => (
+            true,
+            "WaitingForShards",
+            format!(
+                "{} to {} shards: waiting for the {desired} shard Deployments to be available; moved {} of {} tenants",
+                p.from_shards, p.to_shards, p.moved, p.to_move
+            ),
+        ),
+        (Some(p), false) => (
+            true,
+            "MovingTenants",
+            format!(
+                "{} to {} shards: moved {} of {} tenants ({} draining, {} failed and retrying)",
+                p.from_shards, p.to_shards, p.moved, p.to_move, view.draining, p.failed
+            ),
+        ),
+    }
+}
+
+/// Status from the shard Deployments (those of the spec's shards), the
+/// lanes, what Redis said and the reshard under way.
 pub fn compute(
     set: &ShardSet,
     deployments: &[&Deployment],
     lanes: Lanes,
     redis: Result<&RedisView, &String>,
+    reshard: &ReshardView,
 ) -> ShardSetStatus {
     let prev = set.status.clone().unwrap_or_default();
     let generation = set.metadata.generation;
@@ -224,14 +264,17 @@ pub fn compute(
                 generation,
             )
         },
-        condition(
-            &prev.conditions,
-            "Resharding",
-            false,
-            "Idle",
-            "no shard-count change under way".to_string(),
-            generation,
-        ),
+        {
+            let (on, reason, message) = resharding(reshard, desired);
+            condition(
+                &prev.conditions,
+                "Resharding",
+                on,
+                reason,
+                message,
+                generation,
+            )
+        },
     ];
 
     let (skew_ratio, top_tenants) = match redis {
@@ -253,7 +296,7 @@ pub fn compute(
         // Owned by the promotion loop (its own field manager): left out here.
         promotion_candidates: Vec::new(),
         demotion_candidates: Vec::new(),
-        resharding: None,
+        resharding: reshard.progress.clone(),
     }
 }
 

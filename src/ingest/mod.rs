@@ -696,6 +696,7 @@ fn status_name(o: &EnqueueOutcome) -> &'static str {
         EnqueueOutcome::Duplicate => "duplicate",
         EnqueueOutcome::Moved(_) => "moved",
         EnqueueOutcome::Full { .. } => "backlog_full",
+        EnqueueOutcome::Stale { .. } => "stale",
     }
 }
 

@@ -116,6 +116,10 @@ pub enum EnqueueOutcome {
     /// The tenant's backlog here (`depth`: queued, held, delayed and in
     /// flight) has reached the limit given; nothing was stored.
     Full { depth: u64 },
+    /// The routing table the caller routed by is older than the queue's
+    /// fence (a reshard changed the shard count): nothing was stored;
+    /// refresh the table and route again.
+    Stale { fence: u64 },
 }
 
 /// An envelope leased to a worker until `deadline_ms`.
@@ -785,6 +789,84 @@ impl Store {
         self.routing_update("unpin", tenant, "").await
     }
 
+    /// Fence `q` at routing version `version`: from now on an enqueue routed
+    /// by an older table answers STALE (the caller refreshes its table). A
+    /// reshard fences every shard queue before it changes the shard count,
+    /// so no producer still hashing by the old count can enqueue anywhere.
+    /// Never lowers an existing fence.
+    pub async fn fence_routing(&self, q: QueueId, version: u64) -> Result<()> {
+        let key = format!("{}:conf", self.queue_prefix(q));
+        let mut conn = self.conn.clone();
+        let current: Option<u64> = redis::cmd("HGET")
+            .arg(&key)
+            .arg("minroute")
+            .query_async(&mut conn)
+            .await?;
+        if current.unwrap_or(0) < version {
+            redis::cmd("HSET")
+                .arg(&key)
+                .arg("minroute")
+                .arg(version)
+                .query_async::<()>(&mut conn)
+                .await?;
+        }
+        Ok(())
+    }
+
+    /// Pin many tenants at once (one pipelined round trip per chunk); each
+    /// pin is its own idempotent update, so a partial run can be repeated.
+    pub async fn pin_many(&self, pins: &[(String, QueueId)]) -> Result<()> {
+        for chunk in pins.chunks(500) {
+            let mut pipe = redis::pipe();
+            for (tenant, q) in chunk {
+                pipe.cmd("FCALL")
+                    .arg(Func::RoutingUpdate.name(self.lib))
+                    .arg(1)
+                    .arg(self.routing_key())
+                    .arg("pin")
+                    .arg(tenant)
+                    .arg(q.to_string())
+                    .ignore();
+            }
+            let mut conn = self.conn.clone();
+            match pipe.query_async::<()>(&mut conn).await {
+                Err(e) if function_missing(&e) => {
+                    load_library(&mut conn, self.lib).await?;
+                    pipe.query_async::<()>(&mut conn).await?
+                }
+                other => other?,
+            }
+        }
+        Ok(())
+    }
+
+    /// The tenants that live in `q`: they have had work here and are not
+    /// marked as moved away (a reshard plans its moves from these).
+    pub async fn residents(&self, q: QueueId) -> Result<Vec<String>> {
+        let p = self.queue_prefix(q);
+        let mut conn = self.conn.clone();
+        let tenants: Vec<String> = redis::cmd("SMEMBERS")
+            .arg(format!("{p}:tenants"))
+            .query_async(&mut conn)
+            .await?;
+        let mut out = Vec::with_capacity(tenants.len());
+        for chunk in tenants.chunks(1000) {
+            let mut pipe = redis::pipe();
+            for t in chunk {
+                pipe.hget(format!("{p}:t:{t}"), "m");
+            }
+            let moved: Vec<Option<String>> = pipe.query_async(&mut conn).await?;
+            out.extend(
+                chunk
+                    .iter()
+                    .zip(moved)
+                    .filter(|(_, m)| m.as_deref().unwrap_or("").is_empty())
+                    .map(|(t, _)| t.clone()),
+            );
+        }
+        Ok(out)
+    }
+
     // ---- endpoint registry ----------------------------------------------
 
     fn endpoints_key(&self, tenant: &str) -> String {
@@ -952,6 +1034,19 @@ impl Store {
         envs: &[Envelope],
         limit: impl Fn(&str) -> Option<u64>,
     ) -> Result<Vec<Result<EnqueueOutcome>>> {
+        self.enqueue_batch_routed(q, envs, limit, 0).await
+    }
+
+    /// [`Store::enqueue_batch_limited`] by a caller that routed with the
+    /// routing table of version `routed`: if the queue's fence is newer, every
+    /// envelope answers [`EnqueueOutcome::Stale`] and nothing is stored.
+    pub async fn enqueue_batch_routed(
+        &self,
+        q: QueueId,
+        envs: &[Envelope],
+        limit: impl Fn(&str) -> Option<u64>,
+        routed: u64,
+    ) -> Result<Vec<Result<EnqueueOutcome>>> {
         let prefix = self.queue_prefix(q);
         let guard = format!("{prefix}{SLOT_GUARD}");
         let function = Func::Enqueue.name(self.lib);
@@ -981,6 +1076,9 @@ impl Store {
                     .arg(env.endpoint_name())
                     .arg(payload)
                     .arg(limit(&env.tenant).unwrap_or(0));
+            }
+            if routed > 0 {
+                cmd.arg(routed);
             }
         }
         if !valid.is_empty() {
@@ -1789,6 +1887,7 @@ fn parse_enqueue(tag: &Value, value: &Value) -> Result<EnqueueOutcome> {
         "HELD" => Ok(EnqueueOutcome::Held { seq: int(value) }),
         "DUP" => Ok(EnqueueOutcome::Duplicate),
         "FULL" => Ok(EnqueueOutcome::Full { depth: int(value) }),
+        "STALE" => Ok(EnqueueOutcome::Stale { fence: int(value) }),
         "MOVED" => string(value)
             .parse()
             .map(EnqueueOutcome::Moved)

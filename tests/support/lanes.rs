@@ -28,7 +28,24 @@ pub struct Kubelet {
 }
 
 impl Kubelet {
+    /// Workers for the set's lane Deployments.
     pub fn start(cp: &ControlPlane, ns: &str, set: &str, redis_url: &str, extra: &[&str]) -> Self {
+        Self::start_for(cp, ns, set, redis_url, extra, "lane")
+    }
+
+    /// Workers for the set's Deployments of the given components
+    /// (`lane`, or `shard,lane` to follow shard Deployments too).
+    pub fn start_for(
+        cp: &ControlPlane,
+        ns: &str,
+        set: &str,
+        redis_url: &str,
+        extra: &[&str],
+        components: &str,
+    ) -> Self {
+        let selector = format!(
+            "app.kubernetes.io/instance={set},app.kubernetes.io/component in ({components})"
+        );
         let stop = Arc::new(AtomicBool::new(false));
         let started = Arc::new(Mutex::new(Vec::new()));
         let kubeconfig = cp.kubeconfig.clone();
@@ -47,9 +64,7 @@ impl Kubelet {
                             "-n",
                             &ns,
                             "-l",
-                            &format!(
-                                "app.kubernetes.io/instance={set},app.kubernetes.io/component=lane"
-                            ),
+                            &selector,
                             "-o",
                             r#"jsonpath={range .items[*]}{.metadata.labels.lanekeeper\.io/queue}{"\n"}{end}"#,
                         ])
@@ -135,6 +150,30 @@ impl LaneEnv {
         controller_args: &[&str],
         worker_extra: &[&str],
     ) -> LaneEnv {
+        Self::start_opts(
+            cp,
+            prefix,
+            shards,
+            spec,
+            controller_args,
+            worker_extra,
+            false,
+        )
+        .await
+    }
+
+    /// Like [`LaneEnv::start`]; with `kubelet_shards`, the stand-in kubelet
+    /// also runs (and stops) the shard workers as their Deployments come
+    /// and go, as a reshard needs.
+    pub async fn start_opts(
+        cp: &'static ControlPlane,
+        prefix: &str,
+        shards: u16,
+        spec: &str,
+        controller_args: &[&str],
+        worker_extra: &[&str],
+        kubelet_shards: bool,
+    ) -> LaneEnv {
         let ns = cp.namespace(prefix);
         let set = "hooks".to_string();
         let redis_url = super::redis::shared().url.clone();
@@ -158,7 +197,7 @@ impl LaneEnv {
         }
         let mut wargs: Vec<&str> = super::workers::LOCAL_ARGS.to_vec();
         wargs.extend_from_slice(worker_extra);
-        let shard_workers = (0..shards)
+        let shard_workers = (0..if kubelet_shards { 0 } else { shards })
             .map(|n| {
                 super::workers::spawn(
                     &redis_url,
@@ -168,7 +207,15 @@ impl LaneEnv {
                 )
             })
             .collect();
-        let kubelet = Some(Kubelet::start(cp, &ns, &set, &redis_url, worker_extra));
+        let components = if kubelet_shards { "shard,lane" } else { "lane" };
+        let kubelet = Some(Kubelet::start_for(
+            cp,
+            &ns,
+            &set,
+            &redis_url,
+            worker_extra,
+            components,
+        ));
         LaneEnv {
             cp,
             client: cp.client().await,

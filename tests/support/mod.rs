@@ -11,5 +11,6 @@ pub mod model;
 pub mod process;
 pub mod receiver;
 pub mod redis;
+pub mod reshard;
 pub mod scenario;
 pub mod workers;

@@ -3,7 +3,8 @@
 -- keys of a queue share one hash tag and each script touches one slot.
 --
 --   P:conf            HASH  quantum, cap, ordered, weight, est0, maxatt, idttl, clock (virtual ms,
---                           simulator only),
+--                           simulator only), minroute (oldest routing-table version a producer
+--                           may enqueue with: a reshard's fence, see enqueue.lua),
 --                           mnext (next time a lease does maintenance),
 --                           bratio, bmin, bwin (ms), bopen (ms): the circuit breaker
 --   P:weights         HASH  tenant -> weight
@@ -51,13 +52,15 @@ local BR_RATIO, BR_MIN, BR_WINDOW, BR_OPEN
 -- A virtual clock (ms), set only by the capacity simulator (`lanekeeper
 -- simulate`, through Store::set_virtual_clock); nil means Redis TIME.
 local CLOCK
+-- The oldest routing-table version a routed enqueue may carry (0: any).
+local MIN_ROUTE
 
 -- The first step of every per-queue function: KEYS[1] is the queue prefix.
 local function begin(keys)
   P = keys[1]
   RING, LEASES, DELAYED, BLOCKED = P .. ':ring', P .. ':leases', P .. ':delayed', P .. ':blocked'
   local conf = redis.call('HMGET', P .. ':conf', 'quantum', 'cap', 'ordered', 'weight', 'est0', 'maxatt', 'idttl',
-    'mnext', 'bratio', 'bmin', 'bwin', 'bopen', 'clock')
+    'mnext', 'bratio', 'bmin', 'bwin', 'bopen', 'clock', 'minroute')
   QUANTUM = tonumber(conf[1]) or 2.0
   ORDERED = conf[3] == '1'
   CAP = ORDERED and 1 or (tonumber(conf[2]) or 8)
@@ -71,6 +74,7 @@ local function begin(keys)
   BR_WINDOW = tonumber(conf[11]) or 60000
   BR_OPEN = tonumber(conf[12]) or 30000
   CLOCK = tonumber(conf[13])
+  MIN_ROUTE = tonumber(conf[14]) or 0
 end
 
 local function now_ms()

@@ -1,7 +1,8 @@
 -- ARGV: id, tenant, endpoint, payload, backlog limit (0: none), repeated
--- for each envelope of the batch (one or many). Returns a flat list with a
+-- for each envelope of the batch (one or many), then optionally the version
+-- of the routing table the caller routed by. Returns a flat list with a
 -- {tag, value} pair per envelope, in order:
--- 'OK' seq | 'HELD' seq | 'DUP' 0 | 'MOVED' queue | 'FULL' depth.
+-- 'OK' seq | 'HELD' seq | 'DUP' 0 | 'MOVED' queue | 'FULL' depth | 'STALE' fence.
 -- FULL: the tenant's depth here (queued, held, delayed and in flight) had
 -- reached the limit before this call; the envelope is not stored and its id
 -- not claimed. The check is per call, so a tenant's envelopes in one call
@@ -9,8 +10,19 @@
 -- Per batch: tenant state is read once per tenant, ids are checked in two
 -- set lookups and claimed in one, and each tenant's lane gets one RPUSH, so
 -- an envelope costs one HSET of its own.
+local n = math.floor(#ARGV / 5)
+-- A producer that routed by a table appends its version: one older than the
+-- queue's fence (set by a reshard before it changes the shard count) is
+-- refused whole with 'STALE' and the fence, and the producer refreshes its
+-- table. Without it (tests, the simulator, a hold buffer's import) nothing
+-- is checked.
+local routed = tonumber(ARGV[5 * n + 1]) or 0
+if routed > 0 and routed < MIN_ROUTE then
+  local out = {}
+  for k = 1, n do out[#out + 1] = 'STALE'; out[#out + 1] = MIN_ROUTE end
+  return out
+end
 local now = now_ms()
-local n = #ARGV / 5
 -- one sequence block for the batch; ids that turn out duplicate leave gaps
 local seq0 = redis.call('INCRBY', P .. ':seq', n) - n
 local tenants = {} -- tenant -> {paused, moved, known, active, lane = {ids}, held = {ids}}

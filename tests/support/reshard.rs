@@ -1,0 +1,192 @@
+//! Resharding scenarios (the e2e test and the bench): a ShardSet whose
+//! shard and lane workers follow their Deployments, numbered producers, a
+//! spec change, and the reshard watched through the set's status.
+
+use std::collections::BTreeSet;
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::apps::v1::Deployment;
+use lanekeeper::crd::ReshardProgress;
+use lanekeeper::routing::{hash_shard, QueueId};
+
+use super::controlplane::ControlPlane;
+use super::lanes::{assert_in_order, LaneEnv, Sent, Traffic};
+
+/// A ShardSet of `shards` shards whose shard and lane workers a stand-in
+/// kubelet runs, as their Deployments come and go; returns once the shard
+/// workers run.
+pub async fn start(cp: &'static ControlPlane, prefix: &str, shards: u16, spec: &str) -> LaneEnv {
+    let env =
+        LaneEnv::start_opts(cp, prefix, shards, spec, &[], &["--concurrency", "8"], true).await;
+    wait_shard_workers(&env, shards).await;
+    env
+}
+
+/// Wait until the kubelet runs a worker for each of the first `n` shards.
+pub async fn wait_shard_workers(env: &LaneEnv, n: u16) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let started = env
+            .kubelet
+            .as_ref()
+            .unwrap()
+            .started
+            .lock()
+            .unwrap()
+            .clone();
+        if (0..n).all(|i| started.contains(&QueueId::Shard(i).to_string())) {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "shard workers not started: {started:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// Producers for `n` tenants named `<prefix><i>`, `per_sec` events each.
+pub async fn load(env: &LaneEnv, prefix: &str, n: usize, per_sec: f64) -> Vec<(String, Traffic)> {
+    let mut tenants = Vec::new();
+    for i in 0..n {
+        let t = format!("{prefix}{i:03}");
+        env.endpoint(&t, "ok").await;
+        tenants.push(t);
+    }
+    tenants
+        .into_iter()
+        .map(|t| {
+            let traffic = Traffic::start(&env.store, &t, per_sec);
+            (t, traffic)
+        })
+        .collect()
+}
+
+/// Stop the producers, then check every tenant's events arrived exactly
+/// once each and in order. Returns how many were sent.
+pub async fn stop_and_check(env: &LaneEnv, traffic: Vec<(String, Traffic)>) -> u64 {
+    let mut sent: Vec<(String, Sent)> = Vec::new();
+    for (t, tr) in traffic {
+        sent.push((t, tr.stop().await));
+    }
+    let total = sent.iter().map(|(_, s)| s.count).sum();
+    for (t, s) in &sent {
+        assert_in_order(&env.receiver, t, s.count, Duration::from_secs(90)).await;
+    }
+    total
+}
+
+pub fn patch_shards(env: &LaneEnv, shards: u16) {
+    env.cp.kubectl_ok(&[
+        "patch",
+        "shardset",
+        &env.set,
+        "-n",
+        &env.ns,
+        "--type=merge",
+        "-p",
+        &format!("{{\"spec\":{{\"shards\":{shards}}}}}"),
+    ]);
+}
+
+/// What a reshard looked like from its status.
+#[derive(Debug, Default)]
+pub struct Observed {
+    /// Every distinct progress seen, in order.
+    pub progress: Vec<ReshardProgress>,
+    /// Every distinct Resharding condition reason seen, in order.
+    pub reasons: Vec<String>,
+    pub took: Duration,
+}
+
+fn resharding_condition(env_set: &lanekeeper::crd::ShardSet) -> (String, String) {
+    env_set
+        .status
+        .as_ref()
+        .and_then(|s| s.conditions.iter().find(|c| c.type_ == "Resharding"))
+        .map(|c| (c.status.clone(), c.reason.clone()))
+        .unwrap_or_default()
+}
+
+/// Watch the set's status until the reshard to `to` shards has run and
+/// cleared (condition `Resharding` back to False, routing at `to`, no move
+/// pinned). `until` stops early (returns) when it answers true.
+pub async fn watch_reshard(
+    env: &LaneEnv,
+    to: u16,
+    timeout: Duration,
+    mut until: impl FnMut(&Observed) -> bool,
+) -> Observed {
+    let started = Instant::now();
+    let mut seen = Observed::default();
+    let mut began = false;
+    loop {
+        let set = env.shardset().await;
+        let (status, reason) = resharding_condition(&set);
+        if seen.reasons.last() != Some(&reason) {
+            seen.reasons.push(reason.clone());
+        }
+        if let Some(p) = set.status.as_ref().and_then(|s| s.resharding.clone()) {
+            if seen.progress.last() != Some(&p) {
+                seen.progress.push(p);
+            }
+        }
+        began |= status == "True";
+        seen.took = started.elapsed();
+        if until(&seen) {
+            return seen;
+        }
+        if began && status == "False" {
+            let table = env.store.routing().await.unwrap();
+            if table.shards == to && !table.pins.values().any(|q| matches!(q, QueueId::Shard(_))) {
+                return seen;
+            }
+        }
+        assert!(
+            started.elapsed() < timeout,
+            "reshard to {to} not done in {timeout:?}; seen {seen:?}; controller log:\n{}",
+            env.controller_log()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+pub async fn shard_deployments(env: &LaneEnv) -> BTreeSet<String> {
+    let api: kube::Api<Deployment> = kube::Api::namespaced(env.client.clone(), &env.ns);
+    api.list(&kube::api::ListParams::default().labels(&format!(
+        "app.kubernetes.io/instance={},app.kubernetes.io/component=shard",
+        env.set
+    )))
+    .await
+    .unwrap()
+    .items
+    .iter()
+    .filter_map(|d| d.metadata.name.clone())
+    .collect()
+}
+
+pub async fn wait_shard_deployments(env: &LaneEnv, n: u16, timeout: Duration) {
+    let want: BTreeSet<String> = (0..n)
+        .map(|i| format!("{}-{}", env.set, QueueId::Shard(i)))
+        .collect();
+    let deadline = Instant::now() + timeout;
+    loop {
+        let have = shard_deployments(env).await;
+        if have == want {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "shard Deployments {have:?}, want {want:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// Tenants whose hash queue differs between `a` and `b` shards.
+pub fn changing(tenants: &[String], a: u16, b: u16) -> usize {
+    tenants
+        .iter()
+        .filter(|t| hash_shard(t, a) != hash_shard(t, b))
+        .count()
+}
