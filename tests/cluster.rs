@@ -426,3 +426,60 @@ fn simulate_runs_on_the_cluster_and_cleans_up() {
         .sum();
     assert_eq!(left, 0, "simulate left keys behind");
 }
+
+/// The real `lanekeeper ingest` on the cluster URL: events for tenants on
+/// four shards (spread over the primaries) are accepted and land in the
+/// queue their tenant routes to.
+#[tokio::test]
+async fn ingest_enqueues_into_queues_on_every_primary() {
+    let c = shared();
+    let store = Store::connect(&c.url, SetId::new("ingest", "c1"), Default::default())
+        .await
+        .unwrap();
+    store.set_shards(4).await.unwrap();
+    let ingest = support::workers::Ingest::spawn(&c.url, "ingest/c1", &[]);
+    let http = reqwest::Client::new();
+    let table = store.routing().await.unwrap();
+    let tenants: Vec<String> = (0..24).map(|i| format!("acme{i}")).collect();
+    for t in &tenants {
+        let res = http
+            .put(format!(
+                "{}/v1/tenants/{t}/endpoints/default",
+                ingest.base()
+            ))
+            .bearer_auth(&ingest.key)
+            .header("content-type", "application/json")
+            .body(serde_json::json!({"url": format!("https://{t}.example/hook")}).to_string())
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(res.status(), reqwest::StatusCode::OK);
+        let res = http
+            .post(format!("{}/v1/events", ingest.base()))
+            .bearer_auth(&ingest.key)
+            .header("content-type", "application/json")
+            .body(
+                serde_json::json!({"tenant": t, "payload": {"n": 1}, "id": format!("{t}-1")})
+                    .to_string(),
+            )
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(res.status(), reqwest::StatusCode::ACCEPTED);
+        let v: serde_json::Value = serde_json::from_str(&res.text().await.unwrap()).unwrap();
+        assert_eq!(v["envelopes"][0]["status"], "queued", "{v}");
+        assert_eq!(v["queue"], table.route(t).to_string(), "{v}");
+    }
+    let mut owners = BTreeSet::new();
+    for t in &tenants {
+        let q = table.route(t);
+        assert_eq!(store.tenant_state(q, t).await.unwrap().queued, 1, "{t}");
+        owners.insert(c.primary_of(key_slot(&store.queue_prefix(q))).port);
+    }
+    eprintln!(
+        "ingest: 24 events over 4 shards on {} primaries",
+        owners.len()
+    );
+    support::process::signal(ingest.pid, libc::SIGTERM);
+    store.purge_set().await.unwrap();
+}
