@@ -15,11 +15,12 @@
 //! Redis Cluster (`redis+cluster://host:port[,host:port...]`, see
 //! [`cluster_nodes`]): there it goes through the `redis` crate's cluster
 //! client, which follows MOVED and ASK redirects and failovers. Every
-//! function call declares two keys of its queue's slot, the queue prefix and
-//! [`SLOT_GUARD`] suffix, neither of which ever exists: while that slot is being
-//! migrated, Redis answers such a call TRYAGAIN (on the source and on the
-//! target alike) instead of running it against half-moved keys, and the
-//! client retries until the migration of the slot is done.
+//! per-queue function call declares two keys of its queue's slot, the queue
+//! prefix and the prefix with the [`SLOT_GUARD`] suffix, neither of which
+//! ever exists: while that slot is being migrated, Redis answers such a
+//! call TRYAGAIN (on the source and on the target alike) instead of running
+//! it against half-moved keys, and the client retries until the migration
+//! of the slot is done (see `docs/architecture.md`, "Redis Cluster").
 
 use std::collections::BTreeMap;
 use std::fmt;
