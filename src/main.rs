@@ -241,6 +241,13 @@ struct RedisTarget {
     /// The ShardSet, as <namespace>/<name>.
     #[arg(long, env = "LANEKEEPER_SHARD_SET")]
     shard_set: Option<lanekeeper::store::SetId>,
+    /// The Redis is a Redis Cluster: `redis://host:port` is read as
+    /// `redis+cluster://host:port` (a ShardSet's `spec.redis.cluster`).
+    #[arg(long, env = "LANEKEEPER_REDIS_CLUSTER")]
+    redis_cluster: bool,
+    /// Password for the Redis URL (a ShardSet's `spec.redis.passwordSecretRef`).
+    #[arg(long, env = "LANEKEEPER_REDIS_PASSWORD", hide_env_values = true)]
+    redis_password: Option<String>,
 }
 
 impl RedisTarget {
@@ -254,9 +261,14 @@ impl RedisTarget {
             .shard_set
             .clone()
             .context("--shard-set <namespace>/<name> is required")?;
-        lanekeeper::store::Store::connect(url, set, Default::default())
+        let mut url = lanekeeper::store::cluster_url(url, self.redis_cluster);
+        if let Some(password) = &self.redis_password {
+            url = lanekeeper::store::with_password(&url, password).map_err(anyhow::Error::msg)?;
+        }
+        let shown = lanekeeper::store::redact(&url);
+        lanekeeper::store::Store::connect(&url, set, Default::default())
             .await
-            .with_context(|| format!("connecting to {url}"))
+            .with_context(|| format!("connecting to {shown}"))
     }
 }
 

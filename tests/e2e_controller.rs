@@ -464,3 +464,62 @@ fn only_the_leader_reconciles_and_a_follower_takes_over() {
         Some(Some(0))
     );
 }
+
+/// A ShardSet whose Redis is a Redis Cluster (`redis+cluster://` seed list):
+/// the controller connects through the cluster client, writes the routing
+/// table and the queues' policy into the cluster, reports Ready, and hands
+/// the URL to its workers.
+#[test]
+fn shardset_on_a_redis_cluster_is_synced_and_ready() {
+    let cp = cluster();
+    let ns = cp.namespace("rcluster");
+    let redis = support::redis::TestCluster::start();
+    let pid = controller(cp, &ns);
+    cp.kubectl_stdin(
+        &["apply", "-n", &ns, "-f", "-"],
+        &shardset("rc", 3, &redis.url, "lanekeeper:v1", ""),
+    );
+    cp.kubectl_ok(&[
+        "wait",
+        "-n",
+        &ns,
+        "--for=condition=Ready",
+        "--timeout=120s",
+        "shardset/rc",
+    ]);
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let store = rt
+        .block_on(lanekeeper::store::Store::connect(
+            &redis.url,
+            lanekeeper::store::SetId::new(&ns, "rc"),
+            Default::default(),
+        ))
+        .unwrap();
+    assert_eq!(rt.block_on(store.routing()).unwrap().shards, 3);
+    // The queue policy went to the primaries owning the queues' slots.
+    for n in 0..3u16 {
+        let conf = format!(
+            "{}:conf",
+            store.queue_prefix(lanekeeper::routing::QueueId::Shard(n))
+        );
+        let slot = redis.keyslot(&conf);
+        let owner = redis.primary_of(slot);
+        let quantum = redis.cli(owner.port, &["HGET", &conf, "quantum"]);
+        assert!(!quantum.trim().is_empty(), "{conf} on {}", owner.port);
+    }
+    let ds = deployments(cp, &ns, "rc");
+    assert_eq!(ds.len(), 3);
+    let env = ds[0]["spec"]["template"]["spec"]["containers"][0]["env"]
+        .as_array()
+        .unwrap()
+        .clone();
+    assert!(
+        env.iter()
+            .any(|e| e["name"] == "LANEKEEPER_REDIS_URL" && e["value"] == redis.url.as_str()),
+        "{env:?}"
+    );
+    support::process::signal(pid, libc::SIGKILL);
+}

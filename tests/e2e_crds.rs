@@ -356,3 +356,49 @@ async fn typed_client_round_trips_both_kinds() {
     let fetched = lanes.get("typed").await.unwrap();
     assert_eq!(fetched.spec.tenant, "tenant-a");
 }
+
+#[test]
+fn redis_cluster_urls_pass_the_url_rules() {
+    let cp = cluster();
+    let ns = cp.namespace("cluster-url");
+    let set = |name: &str, redis: &str| {
+        format!(
+            r#"
+apiVersion: lanekeeper.io/v1alpha1
+kind: ShardSet
+metadata: {{name: {name}}}
+spec:
+  shards: 2
+  redis: {redis}
+  worker: {{image: "lanekeeper:dev"}}
+"#
+        )
+    };
+    cp.kubectl_stdin(
+        &["apply", "-n", &ns, "-f", "-"],
+        &set(
+            "seeds",
+            r#"{url: "redis+cluster://redis-0.redis:6379,redis-1.redis:6379"}"#,
+        ),
+    );
+    cp.kubectl_stdin(
+        &["apply", "-n", &ns, "-f", "-"],
+        &set("flag", r#"{url: "rediss://redis:6379", cluster: true}"#),
+    );
+    let err = rejected(
+        cp,
+        &ns,
+        &set("inline", r#"{url: "rediss+cluster://u:secret@a:1,b:2"}"#),
+    );
+    assert!(
+        err.contains("redis.url must not carry credentials"),
+        "{err}"
+    );
+    let err = rejected(cp, &ns, &set("http", r#"{url: "http+cluster://a:1"}"#));
+    assert!(
+        err.contains(
+            "redis.url must start with redis://, rediss://, redis+cluster:// or rediss+cluster://"
+        ),
+        "{err}"
+    );
+}

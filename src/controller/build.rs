@@ -233,6 +233,9 @@ pub fn worker_deployment(
     if let Some(r) = &spec.redis.password_secret_ref {
         env.push(secret_env("LANEKEEPER_REDIS_PASSWORD", r));
     }
+    if spec.redis.cluster {
+        env.push(plain_env("LANEKEEPER_REDIS_CLUSTER", "true"));
+    }
     env.extend(worker.env.iter().cloned());
 
     let probe = |path: &str| Probe {
@@ -433,6 +436,34 @@ spec:
             sc.capabilities.as_ref().unwrap().drop.as_deref(),
             Some(&["ALL".to_string()][..])
         );
+    }
+
+    #[test]
+    fn a_cluster_set_tells_its_workers_so() {
+        let env_of = |yaml: &str| {
+            let d = &shard_deployments(&set(yaml)).unwrap()[0];
+            let c = &d
+                .spec
+                .as_ref()
+                .unwrap()
+                .template
+                .spec
+                .as_ref()
+                .unwrap()
+                .containers[0];
+            c.env.clone().unwrap()
+        };
+        let flag = |env: &[EnvVar]| {
+            env.iter()
+                .find(|e| e.name == "LANEKEEPER_REDIS_CLUSTER")
+                .and_then(|e| e.value.clone())
+        };
+        assert_eq!(flag(&env_of(FIXTURE)), None);
+        let yaml = FIXTURE.replace(
+            "urlSecretRef: {name: redis, key: url}",
+            "urlSecretRef: {name: redis, key: url}\n    cluster: true",
+        );
+        assert_eq!(flag(&env_of(&yaml)).as_deref(), Some("true"));
     }
 
     #[test]

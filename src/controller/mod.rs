@@ -589,6 +589,7 @@ async fn redis_url(client: &Client, ns: &str, spec: &RedisSpec) -> Result<String
         (Some(u), None) => u.clone(),
         (None, None) => return Err("spec.redis has neither url nor urlSecretRef".to_string()),
     };
+    let url = crate::store::cluster_url(&url, spec.cluster);
     match &spec.password_secret_ref {
         Some(r) => {
             let password = read(r.name.clone(), r.key.clone()).await?;

@@ -98,11 +98,14 @@ pub struct ShardSetSpec {
 #[serde(rename_all = "camelCase")]
 pub struct RedisSpec {
     /// Redis URL without credentials, e.g. `redis://redis.lanekeeper.svc:6379/0`,
-    /// or `rediss://` for TLS. Put credentials in `passwordSecretRef`, or use
-    /// `urlSecretRef` instead, never inline here.
+    /// or `rediss://` for TLS. For a Redis Cluster, list seed nodes after
+    /// `redis+cluster://` (or `rediss+cluster://`), e.g.
+    /// `redis+cluster://redis-0.redis:6379,redis-1.redis:6379` (database 0
+    /// only), or set `cluster: true`. Put credentials in `passwordSecretRef`,
+    /// or use `urlSecretRef` instead, never inline here.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[x_kube(validation = Rule::new("self.startsWith('redis://') || self.startsWith('rediss://')").message("redis.url must start with redis:// or rediss://"))]
-    #[x_kube(validation = Rule::new("!self.matches('^rediss?://[^/@]*@')").message("redis.url must not carry credentials; use passwordSecretRef or urlSecretRef"))]
+    #[x_kube(validation = Rule::new("self.matches('^rediss?([+]cluster)?://')").message("redis.url must start with redis://, rediss://, redis+cluster:// or rediss+cluster://"))]
+    #[x_kube(validation = Rule::new("!self.matches('^rediss?([+]cluster)?://[^/@]*@')").message("redis.url must not carry credentials; use passwordSecretRef or urlSecretRef"))]
     #[schemars(length(max = 2048))]
     pub url: Option<String>,
 
@@ -117,7 +120,9 @@ pub struct RedisSpec {
     pub password_secret_ref: Option<SecretKeyRef>,
 
     /// Treat the endpoint as a Redis Cluster and connect with the cluster client,
-    /// which follows MOVED/ASK redirects and failovers.
+    /// which follows MOVED/ASK redirects and failovers: `redis://host:port`
+    /// is used as `redis+cluster://host:port`. Not needed with a
+    /// `redis+cluster://` URL.
     #[serde(default)]
     pub cluster: bool,
 }

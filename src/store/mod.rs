@@ -10,6 +10,17 @@
 //! Steps that span two queues (moving a hold buffer) are sequences of
 //! single-queue scripts, each idempotent, so a mover that dies halfway can
 //! run the whole step again.
+//!
+//! The same store runs on one Redis server (`redis://`, `rediss://`) or on
+//! Redis Cluster (`redis+cluster://host:port[,host:port...]`, see
+//! [`cluster_nodes`]): there it goes through the `redis` crate's cluster
+//! client, which follows MOVED and ASK redirects and failovers. Every
+//! per-queue function call declares two keys of its queue's slot, the queue
+//! prefix and the prefix with the [`SLOT_GUARD`] suffix, neither of which
+//! ever exists: while that slot is being migrated, Redis answers such a
+//! call TRYAGAIN (on the source and on the target alike) instead of running
+//! it against half-moved keys, and the client retries until the migration
+//! of the slot is done (see `docs/architecture.md`, "Redis Cluster").
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -17,6 +28,7 @@ use std::sync::LazyLock;
 use std::time::Duration;
 
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use redis::cluster_async::ClusterConnection;
 use redis::Value;
 
 use crate::endpoint::{Endpoint, InvalidEndpoint};
@@ -403,8 +415,8 @@ impl Func {
         !matches!(self, Func::RoutingUpdate)
     }
 
-    fn name(self) -> String {
-        format!("{}_{}", LIBRARY.name, self.source().0)
+    fn name(self, lib: &Library) -> String {
+        format!("{}_{}", lib.name, self.source().0)
     }
 }
 
@@ -416,7 +428,13 @@ impl Func {
 /// versions sharing one Redis during a rolling upgrade each call their own
 /// functions. It is loaded on first use and again whenever Redis answers
 /// that a function is missing (after a restart without persistence, or on a
-/// new cluster node).
+/// new cluster node); on a cluster it is loaded on every primary.
+///
+/// There are two variants of the library, differing only in how a queue
+/// wakes idle workers: on one server `PUBLISH`, on a cluster `SPUBLISH`
+/// (sharded pub/sub: the message stays within the shard that owns the
+/// queue's slot instead of crossing the whole cluster bus). A Redis is either
+/// a cluster or not, so the two never meet on one server.
 struct Library {
     name: String,
     code: String,
@@ -425,10 +443,19 @@ struct Library {
 const COMMON: &str = include_str!("lua/common.lua");
 const DELIVER: &str = include_str!("lua/deliver.lua");
 
-static LIBRARY: LazyLock<Library> = LazyLock::new(|| {
+/// The suffix of the second key every per-queue call declares: a key of the
+/// queue's slot that no script ever writes (see the module documentation).
+pub const SLOT_GUARD: &str = ":~slotguard";
+
+fn build_library(cluster: bool) -> Library {
     use blake2::digest::{Update, VariableOutput};
+    let common = if cluster {
+        COMMON.replace("redis.call('PUBLISH',", "redis.call('SPUBLISH',")
+    } else {
+        COMMON.to_string()
+    };
     let mut hasher = blake2::Blake2bVar::new(8).expect("8 is a valid blake2b output size");
-    hasher.update(COMMON.as_bytes());
+    hasher.update(common.as_bytes());
     hasher.update(DELIVER.as_bytes());
     for f in Func::ALL {
         let (name, body) = f.source();
@@ -440,7 +467,7 @@ static LIBRARY: LazyLock<Library> = LazyLock::new(|| {
         .finalize_variable(&mut digest)
         .expect("the buffer has the output size");
     let name = format!("lanekeeper_{:016x}", u64::from_be_bytes(digest));
-    let mut code = format!("#!lua name={name}\n{COMMON}\n{DELIVER}\n");
+    let mut code = format!("#!lua name={name}\n{common}\n{DELIVER}\n");
     for f in Func::ALL {
         let (fname, body) = f.source();
         let begin = if f.per_queue() { "begin(KEYS)\n" } else { "" };
@@ -449,7 +476,10 @@ static LIBRARY: LazyLock<Library> = LazyLock::new(|| {
         ));
     }
     Library { name, code }
-});
+}
+
+static LIBRARY: LazyLock<Library> = LazyLock::new(|| build_library(false));
+static CLUSTER_LIBRARY: LazyLock<Library> = LazyLock::new(|| build_library(true));
 
 /// Redis answered that the called function does not exist (yet).
 fn function_missing(e: &redis::RedisError) -> bool {
@@ -457,17 +487,130 @@ fn function_missing(e: &redis::RedisError) -> bool {
 }
 
 /// Load the library; a copy already there (another process won) is fine.
-async fn load_library(conn: &mut ConnectionManager) -> Result<()> {
-    let loaded: redis::RedisResult<String> = redis::cmd("FUNCTION")
-        .arg("LOAD")
-        .arg(&LIBRARY.code)
-        .query_async(conn)
-        .await;
+/// On a cluster, `FUNCTION LOAD` goes to every primary (the cluster client
+/// routes it so); `REPLACE` makes a primary that has it already (identical
+/// code: the name is its hash) no error.
+async fn load_library(conn: &mut Conn, lib: &Library) -> Result<()> {
+    let mut cmd = redis::cmd("FUNCTION");
+    cmd.arg("LOAD");
+    if matches!(conn, Conn::Cluster(_)) {
+        cmd.arg("REPLACE");
+    }
+    let loaded: redis::RedisResult<Value> = cmd.arg(&lib.code).query_async(conn).await;
     match loaded {
         Ok(_) => Ok(()),
         Err(e) if e.to_string().contains("already exists") => Ok(()),
         Err(e) => Err(e.into()),
     }
+}
+
+/// A connection to one Redis server, or to a Redis Cluster through the
+/// cluster client (which routes each command to the primary owning its
+/// slot and follows MOVED, ASK and failovers). Both are cheap to clone.
+#[derive(Clone)]
+enum Conn {
+    Single(ConnectionManager),
+    Cluster(ClusterConnection),
+}
+
+impl redis::aio::ConnectionLike for Conn {
+    fn req_packed_command<'a>(&'a mut self, cmd: &'a redis::Cmd) -> redis::RedisFuture<'a, Value> {
+        match self {
+            Conn::Single(c) => c.req_packed_command(cmd),
+            Conn::Cluster(c) => c.req_packed_command(cmd),
+        }
+    }
+
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        pipeline: &'a redis::Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> redis::RedisFuture<'a, Vec<Value>> {
+        match self {
+            Conn::Single(c) => c.req_packed_commands(pipeline, offset, count),
+            Conn::Cluster(c) => c.req_packed_commands(pipeline, offset, count),
+        }
+    }
+
+    fn get_db(&self) -> i64 {
+        match self {
+            Conn::Single(c) => c.get_db(),
+            Conn::Cluster(c) => c.get_db(),
+        }
+    }
+}
+
+/// Where wake-up subscriptions connect.
+#[derive(Clone)]
+enum PubSubSource {
+    Single(redis::Client),
+    /// The cluster's seed node URLs and the connection tuning.
+    Cluster(Vec<String>, ConnectOptions),
+}
+
+/// The cluster client for `nodes`. Its retries follow redirects, TRYAGAIN
+/// (a slot mid-migration) and failovers: up to 15 tries, 10 ms to 1 s apart
+/// with jitter (the crate's default waits at least 1.28 s between tries).
+fn cluster_builder(
+    nodes: &[String],
+    opts: &ConnectOptions,
+) -> redis::cluster::ClusterClientBuilder {
+    redis::cluster::ClusterClientBuilder::new(nodes.iter().map(String::as_str))
+        .connection_timeout(opts.connect_timeout)
+        .response_timeout(opts.response_timeout)
+        .retries(15)
+        .min_retry_wait(10)
+        .max_retry_wait(1000)
+}
+
+/// The URL schemes that mean Redis Cluster.
+pub const CLUSTER_SCHEMES: [&str; 2] = ["redis+cluster", "rediss+cluster"];
+
+/// The seed nodes of a Redis Cluster URL, as one `redis://` (or `rediss://`)
+/// URL each: `redis+cluster://[user:password@]host:port[,host:port...][/][?query]`
+/// gives `redis://[user:password@]host:port[?query]` per node (port 6379
+/// when omitted). `None` when `url` is not a cluster URL. A cluster has only
+/// database 0, so a path other than `/` or `/0` is an error.
+pub fn cluster_nodes(url: &str) -> Option<std::result::Result<Vec<String>, String>> {
+    let (scheme, rest) = url.split_once("://")?;
+    let base = match scheme {
+        "redis+cluster" => "redis",
+        "rediss+cluster" => "rediss",
+        _ => return None,
+    };
+    Some((|| {
+        let end = rest.find(['/', '?']).unwrap_or(rest.len());
+        let (authority, tail) = rest.split_at(end);
+        let (path, query) = match tail.split_once('?') {
+            Some((p, q)) => (p, format!("?{q}")),
+            None => (tail, String::new()),
+        };
+        if !matches!(path, "" | "/" | "/0") {
+            return Err(format!(
+                "redis url {url:?}: a cluster has only database 0, not {path:?}"
+            ));
+        }
+        let (userinfo, hosts) = match authority.rsplit_once('@') {
+            Some((u, h)) => (format!("{u}@"), h),
+            None => (String::new(), authority),
+        };
+        let mut nodes = Vec::new();
+        for host in hosts.split(',') {
+            if host.is_empty() {
+                return Err(format!("redis url {url:?}: empty host in the node list"));
+            }
+            let has_port = match host.rfind(']') {
+                Some(i) => host[i..].contains(':'),
+                None => host.contains(':'),
+            };
+            let port = if has_port { "" } else { ":6379" };
+            let node = format!("{base}://{userinfo}{host}{port}{query}");
+            url::Url::parse(&node).map_err(|e| format!("redis url {url:?}: node {host:?}: {e}"))?;
+            nodes.push(node);
+        }
+        Ok(nodes)
+    })())
 }
 
 /// Envelopes per enqueue script call in a batch.
@@ -480,8 +623,9 @@ const LEASE_SCAN_BUDGET: u32 = 256;
 /// A connection to the Redis of one ShardSet.
 #[derive(Clone)]
 pub struct Store {
-    client: redis::Client,
-    conn: ConnectionManager,
+    pubsub: PubSubSource,
+    conn: Conn,
+    lib: &'static Library,
     set: SetId,
 }
 
@@ -504,14 +648,41 @@ impl Default for ConnectOptions {
 impl Store {
     /// Connect to `url` for the set `set`. A Redis that is down or slow gives
     /// a typed error, never a panic; the connection reconnects on its own.
+    ///
+    /// `redis+cluster://` and `rediss+cluster://` URLs (see [`cluster_nodes`])
+    /// connect to a Redis Cluster through its seed nodes.
     pub async fn connect(url: &str, set: SetId, opts: ConnectOptions) -> Result<Self> {
+        if let Some(nodes) = cluster_nodes(url) {
+            let nodes = nodes.map_err(|detail| StoreError::Protocol {
+                script: "redis url",
+                detail,
+            })?;
+            let client = cluster_builder(&nodes, &opts).build()?;
+            let conn = client.get_async_connection().await?;
+            return Ok(Self {
+                pubsub: PubSubSource::Cluster(nodes, opts),
+                conn: Conn::Cluster(conn),
+                lib: &CLUSTER_LIBRARY,
+                set,
+            });
+        }
         let client = redis::Client::open(url)?;
         let config = ConnectionManagerConfig::new()
             .set_connection_timeout(Some(opts.connect_timeout))
             .set_response_timeout(Some(opts.response_timeout))
             .set_number_of_retries(2);
         let conn = ConnectionManager::new_with_config(client.clone(), config).await?;
-        Ok(Self { client, conn, set })
+        Ok(Self {
+            pubsub: PubSubSource::Single(client),
+            conn: Conn::Single(conn),
+            lib: &LIBRARY,
+            set,
+        })
+    }
+
+    /// Is this store on a Redis Cluster?
+    pub fn is_cluster(&self) -> bool {
+        matches!(self.conn, Conn::Cluster(_))
     }
 
     pub fn set(&self) -> &SetId {
@@ -534,14 +705,19 @@ impl Store {
 
     async fn call(&self, f: Func, key: &str, args: &[&[u8]]) -> Result<Value> {
         let mut cmd = redis::cmd("FCALL");
-        cmd.arg(f.name()).arg(1).arg(key);
+        cmd.arg(f.name(self.lib));
+        if f.per_queue() {
+            cmd.arg(2).arg(key).arg(format!("{key}{SLOT_GUARD}"));
+        } else {
+            cmd.arg(1).arg(key);
+        }
         for a in args {
             cmd.arg(*a);
         }
         let mut conn = self.conn.clone();
         match cmd.query_async(&mut conn).await {
             Err(e) if function_missing(&e) => {
-                load_library(&mut conn).await?;
+                load_library(&mut conn, self.lib).await?;
                 Ok(cmd.query_async(&mut conn).await?)
             }
             other => Ok(other?),
@@ -645,7 +821,7 @@ impl Store {
             let mut pipe = redis::pipe();
             for (tenant, q) in chunk {
                 pipe.cmd("FCALL")
-                    .arg(Func::RoutingUpdate.name())
+                    .arg(Func::RoutingUpdate.name(self.lib))
                     .arg(1)
                     .arg(self.routing_key())
                     .arg("pin")
@@ -656,7 +832,7 @@ impl Store {
             let mut conn = self.conn.clone();
             match pipe.query_async::<()>(&mut conn).await {
                 Err(e) if function_missing(&e) => {
-                    load_library(&mut conn).await?;
+                    load_library(&mut conn, self.lib).await?;
                     pipe.query_async::<()>(&mut conn).await?
                 }
                 other => other?,
@@ -873,7 +1049,8 @@ impl Store {
         routed: u64,
     ) -> Result<Vec<Result<EnqueueOutcome>>> {
         let prefix = self.queue_prefix(q);
-        let function = Func::Enqueue.name();
+        let guard = format!("{prefix}{SLOT_GUARD}");
+        let function = Func::Enqueue.name(self.lib);
         let mut results: Vec<Option<Result<EnqueueOutcome>>> = Vec::with_capacity(envs.len());
         let mut valid: Vec<(usize, Vec<u8>)> = Vec::with_capacity(envs.len());
         for (i, env) in envs.iter().enumerate() {
@@ -887,7 +1064,12 @@ impl Store {
         }
         let mut pipe = redis::pipe();
         for chunk in valid.chunks(ENQUEUE_CHUNK) {
-            let cmd = pipe.cmd("FCALL").arg(&function).arg(1).arg(&prefix);
+            let cmd = pipe
+                .cmd("FCALL")
+                .arg(&function)
+                .arg(2)
+                .arg(&prefix)
+                .arg(&guard);
             for (i, payload) in chunk {
                 let env = &envs[*i];
                 cmd.arg(&env.id)
@@ -905,7 +1087,7 @@ impl Store {
             let replies: Vec<Value> = match pipe.query_async(&mut conn).await {
                 Ok(r) => r,
                 Err(e) if function_missing(&e) => {
-                    load_library(&mut conn).await?;
+                    load_library(&mut conn, self.lib).await?;
                     pipe.query_async(&mut conn).await?
                 }
                 Err(e) => return Err(e.into()),
@@ -1084,11 +1266,43 @@ impl Store {
         q: QueueId,
     ) -> Result<impl futures::Stream<Item = ()> + Send + use<>> {
         use futures::StreamExt;
-        let mut pubsub = self.client.get_async_pubsub().await?;
-        pubsub
-            .subscribe(format!("{}:wake", self.queue_prefix(q)))
-            .await?;
-        Ok(pubsub.into_on_message().map(|_| ()))
+        let channel = format!("{}:wake", self.queue_prefix(q));
+        match &self.pubsub {
+            PubSubSource::Single(client) => {
+                let mut pubsub = client.get_async_pubsub().await?;
+                pubsub.subscribe(channel).await?;
+                Ok(pubsub.into_on_message().map(|_| ()).boxed())
+            }
+            PubSubSource::Cluster(nodes, opts) => {
+                // Sharded pub/sub (the cluster library SPUBLISHes): the
+                // cluster client sends SSUBSCRIBE to the node owning the
+                // channel's slot and passes messages on as RESP3 pushes.
+                let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+                let client = cluster_builder(nodes, opts)
+                    .use_protocol(redis::ProtocolVersion::RESP3)
+                    .push_sender(tx)
+                    .build()?;
+                let mut conn = client.get_async_connection().await?;
+                conn.ssubscribe(&channel).await?;
+                Ok(
+                    futures::stream::unfold((rx, conn), |(mut rx, conn)| async move {
+                        loop {
+                            match rx.recv().await?.kind {
+                                redis::PushKind::SMessage => return Some(((), (rx, conn))),
+                                // The node dropped the subscription (its slot
+                                // moved away) or the connection: end, and the
+                                // worker subscribes again where the slot is now.
+                                redis::PushKind::SUnsubscribe | redis::PushKind::Disconnection => {
+                                    return None
+                                }
+                                _ => continue,
+                            }
+                        }
+                    })
+                    .boxed(),
+                )
+            }
+        }
     }
 
     // ---- relocation primitives -----------------------------------------
@@ -1457,37 +1671,105 @@ impl Store {
     /// Delete every key of this set (its queues and its routing table):
     /// the simulator's cleanup of its throwaway set. Returns how many.
     pub async fn purge_set(&self) -> Result<u64> {
-        let mut conn = self.conn.clone();
         let mut removed = 0u64;
         // `lk:{ns/name/<queue>}...` and `lk:{ns/name}:...`
         for pattern in [
             format!("lk:{{{}/{}/*", self.set.namespace, self.set.name),
             format!("lk:{{{}/{}}}*", self.set.namespace, self.set.name),
         ] {
-            let mut cursor = 0u64;
-            loop {
-                let (next, keys): (u64, Vec<String>) = redis::cmd("SCAN")
-                    .arg(cursor)
-                    .arg("MATCH")
-                    .arg(&pattern)
-                    .arg("COUNT")
-                    .arg(1000)
-                    .query_async(&mut conn)
-                    .await?;
-                if !keys.is_empty() {
-                    let n: u64 = redis::cmd("UNLINK")
-                        .arg(&keys)
-                        .query_async(&mut conn)
-                        .await?;
-                    removed += n;
+            for node in self.scan_targets().await? {
+                let mut cursor = 0u64;
+                loop {
+                    let mut scan = redis::cmd("SCAN");
+                    scan.arg(cursor)
+                        .arg("MATCH")
+                        .arg(&pattern)
+                        .arg("COUNT")
+                        .arg(1000);
+                    let (next, keys): (u64, Vec<String>) = redis::from_redis_value(
+                        self.on_node(node.as_ref(), scan).await?,
+                    )
+                    .map_err(|e| StoreError::Protocol {
+                        script: "scan",
+                        detail: e.to_string(),
+                    })?;
+                    if !keys.is_empty() {
+                        // The cluster client splits a many-key UNLINK by
+                        // slot and adds up the counts.
+                        let mut conn = self.conn.clone();
+                        let n: u64 = redis::cmd("UNLINK")
+                            .arg(&keys)
+                            .query_async(&mut conn)
+                            .await?;
+                        removed += n;
+                    }
+                    if next == 0 {
+                        break;
+                    }
+                    cursor = next;
                 }
-                if next == 0 {
-                    break;
-                }
-                cursor = next;
             }
         }
         Ok(removed)
+    }
+
+    /// The primaries of the cluster as (host, port), from `CLUSTER SLOTS`;
+    /// on one server, that server (`None`). A key-space walk (SCAN) has to
+    /// visit each of them.
+    async fn scan_targets(&self) -> Result<Vec<Option<(String, u16)>>> {
+        if !self.is_cluster() {
+            return Ok(vec![None]);
+        }
+        Ok(self
+            .cluster_primaries()
+            .await?
+            .into_iter()
+            .map(|(host, port, _)| Some((host, port)))
+            .collect())
+    }
+
+    /// The cluster's primaries as (host, port, slots owned), from `CLUSTER
+    /// SLOTS`; empty on one server.
+    pub async fn cluster_primaries(&self) -> Result<Vec<(String, u16, u32)>> {
+        if !self.is_cluster() {
+            return Ok(Vec::new());
+        }
+        let mut conn = self.conn.clone();
+        let ranges: Vec<Value> = redis::cmd("CLUSTER")
+            .arg("SLOTS")
+            .query_async(&mut conn)
+            .await?;
+        let mut primaries: BTreeMap<(String, u16), u32> = BTreeMap::new();
+        for range in ranges {
+            let items = array("cluster slots", range)?;
+            if let [start, end, primary, ..] = items.as_slice() {
+                let node = array("cluster slots", primary.clone())?;
+                if let [host, port, ..] = node.as_slice() {
+                    let key = (string(host), int(port) as u16);
+                    *primaries.entry(key).or_default() += (int(end) + 1 - int(start)) as u32;
+                }
+            }
+        }
+        Ok(primaries.into_iter().map(|((h, p), n)| (h, p, n)).collect())
+    }
+
+    /// Run `cmd` on one cluster node (`Some((host, port))`) or, with
+    /// `None`, on the server.
+    async fn on_node(&self, node: Option<&(String, u16)>, cmd: redis::Cmd) -> Result<Value> {
+        match (&self.conn, node) {
+            (Conn::Cluster(c), Some((host, port))) => {
+                use redis::cluster_routing::{RoutingInfo, SingleNodeRoutingInfo};
+                let route = RoutingInfo::SingleNode(SingleNodeRoutingInfo::ByAddress {
+                    host: host.clone(),
+                    port: *port,
+                });
+                Ok(c.clone().route_command(cmd, route).await?)
+            }
+            _ => {
+                let mut conn = self.conn.clone();
+                Ok(cmd.query_async(&mut conn).await?)
+            }
+        }
     }
 }
 
@@ -1520,8 +1802,57 @@ fn parse_lease(q: QueueId, items: &[Value]) -> Result<LeaseOutcome> {
     }
 }
 
+/// `url` as a Redis Cluster URL when `cluster` is set (a ShardSet's
+/// `spec.redis.cluster`): `redis://` becomes `redis+cluster://` and
+/// `rediss://` `rediss+cluster://`. Otherwise, or when it names a cluster
+/// already, `url` unchanged.
+pub fn cluster_url(url: &str, cluster: bool) -> String {
+    match url.split_once("://") {
+        Some((scheme @ ("redis" | "rediss"), rest)) if cluster => {
+            format!("{scheme}+cluster://{rest}")
+        }
+        _ => url.to_string(),
+    }
+}
+
+/// `url` with any password replaced by `***`, for messages.
+pub fn redact(url: &str) -> String {
+    match url.split_once("://") {
+        Some((scheme, rest)) => {
+            let end = rest.find(['/', '?']).unwrap_or(rest.len());
+            match rest[..end].rsplit_once('@') {
+                Some((userinfo, hosts)) => {
+                    let user = userinfo.split_once(':').map_or(userinfo, |(u, _)| u);
+                    format!("{scheme}://{user}:***@{hosts}{}", &rest[end..])
+                }
+                None => url.to_string(),
+            }
+        }
+        None => url.to_string(),
+    }
+}
+
 /// `url` with `password` set (for a Redis whose password lives in its own Secret).
+/// A cluster URL (`redis+cluster://host:port,host:port`) gets it once, for
+/// every node.
 pub fn with_password(url: &str, password: &str) -> std::result::Result<String, String> {
+    if let Some(nodes) = cluster_nodes(url) {
+        nodes?;
+        let (scheme, rest) = url.split_once("://").expect("a cluster url has a scheme");
+        let end = rest.find(['/', '?']).unwrap_or(rest.len());
+        let (authority, tail) = rest.split_at(end);
+        let (user, hosts) = match authority.rsplit_once('@') {
+            Some((u, h)) => (u.split_once(':').map_or(u, |(u, _)| u), h),
+            None => ("", authority),
+        };
+        // Percent-encode the password as a URL's userinfo wants it.
+        let mut encoder = url::Url::parse("redis://host").expect("a valid url");
+        encoder
+            .set_password(Some(password))
+            .map_err(|_| format!("redis url {url:?} cannot carry a password"))?;
+        let encoded = encoder.password().unwrap_or_default();
+        return Ok(format!("{scheme}://{user}:{encoded}@{hosts}{tail}"));
+    }
     let mut u = url::Url::parse(url).map_err(|e| format!("redis url {url:?}: {e}"))?;
     u.set_password(Some(password))
         .map_err(|_| format!("redis url {url:?} cannot carry a password"))?;
@@ -1611,5 +1942,83 @@ fn int(v: &Value) -> u64 {
             .and_then(|s| s.parse().ok())
             .unwrap_or(0),
         _ => 0,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cluster_urls_give_one_url_per_seed_node() {
+        assert_eq!(cluster_nodes("redis://h:1/0"), None);
+        assert_eq!(
+            cluster_nodes("redis+cluster://a:7000,b:7001,c")
+                .unwrap()
+                .unwrap(),
+            vec!["redis://a:7000", "redis://b:7001", "redis://c:6379"]
+        );
+        assert_eq!(
+            cluster_nodes("rediss+cluster://u:p%40ss@a:7000,[::1]:7001/?protocol=resp3")
+                .unwrap()
+                .unwrap(),
+            vec![
+                "rediss://u:p%40ss@a:7000?protocol=resp3",
+                "rediss://u:p%40ss@[::1]:7001?protocol=resp3"
+            ]
+        );
+        assert!(cluster_nodes("redis+cluster://a:1/3").unwrap().is_err());
+        assert!(cluster_nodes("redis+cluster://a:1,,b:2").unwrap().is_err());
+        assert!(cluster_nodes("redis+cluster://a:notaport")
+            .unwrap()
+            .is_err());
+    }
+
+    #[test]
+    fn a_password_goes_to_every_cluster_node() {
+        let url = with_password("redis+cluster://a:7000,b:7001/", "p@ss word").unwrap();
+        assert_eq!(url, "redis+cluster://:p%40ss%20word@a:7000,b:7001/");
+        assert_eq!(
+            cluster_nodes(&url).unwrap().unwrap(),
+            vec![
+                "redis://:p%40ss%20word@a:7000",
+                "redis://:p%40ss%20word@b:7001"
+            ]
+        );
+        assert_eq!(
+            with_password("redis://r:6379/0", "x").unwrap(),
+            "redis://:x@r:6379/0"
+        );
+    }
+
+    #[test]
+    fn the_cluster_flag_turns_a_url_into_a_cluster_url() {
+        assert_eq!(cluster_url("redis://r:6379/0", false), "redis://r:6379/0");
+        assert_eq!(
+            cluster_url("redis://r:6379", true),
+            "redis+cluster://r:6379"
+        );
+        assert_eq!(
+            cluster_url("rediss://:pw@r:6379", true),
+            "rediss+cluster://:pw@r:6379"
+        );
+        assert_eq!(
+            cluster_url("redis+cluster://a:1,b:2", true),
+            "redis+cluster://a:1,b:2"
+        );
+        assert_eq!(
+            redact("redis+cluster://u:secret@a:1,b:2/?x=1"),
+            "redis+cluster://u:***@a:1,b:2/?x=1"
+        );
+        assert_eq!(redact("redis://r:6379/0"), "redis://r:6379/0");
+    }
+
+    #[test]
+    fn the_cluster_library_wakes_workers_by_sharded_publish() {
+        assert!(LIBRARY.code.contains("redis.call('PUBLISH',"));
+        assert!(!LIBRARY.code.contains("redis.call('SPUBLISH',"));
+        assert!(CLUSTER_LIBRARY.code.contains("redis.call('SPUBLISH',"));
+        assert!(!CLUSTER_LIBRARY.code.contains("redis.call('PUBLISH',"));
+        assert_ne!(LIBRARY.name, CLUSTER_LIBRARY.name);
     }
 }

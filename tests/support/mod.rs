@@ -4,8 +4,10 @@
 #![allow(dead_code)]
 
 pub mod controlplane;
+pub mod dataplane;
 pub mod demo;
 pub mod lanes;
+pub mod model;
 pub mod process;
 pub mod receiver;
 pub mod redis;

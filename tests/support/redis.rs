@@ -78,3 +78,287 @@ fn ping(port: u16) -> bool {
         && s.read(&mut buf)
             .is_ok_and(|n| buf[..n].starts_with(b"+PONG"))
 }
+
+/// A real Redis Cluster of three primaries and three replicas on loopback
+/// ports (`redis-server --cluster-enabled yes`, then `redis-cli --cluster
+/// create`). Its servers are killed when it is dropped.
+pub struct TestCluster {
+    /// `redis+cluster://127.0.0.1:<port>,...` with every node as a seed.
+    pub url: String,
+    pub nodes: Vec<ClusterNode>,
+    cli: std::path::PathBuf,
+}
+
+/// One server of a [`TestCluster`].
+#[derive(Clone, Debug)]
+pub struct ClusterNode {
+    pub port: u16,
+    pub pid: u32,
+    pub log: std::path::PathBuf,
+}
+
+/// A node as `CLUSTER NODES` describes it.
+#[derive(Clone, Debug)]
+pub struct NodeInfo {
+    pub id: String,
+    pub port: u16,
+    pub primary: bool,
+    /// The primary's id, for a replica.
+    pub replica_of: Option<String>,
+    /// Slot ranges, inclusive, for a primary.
+    pub slots: Vec<(u16, u16)>,
+}
+
+impl NodeInfo {
+    pub fn owns(&self, slot: u16) -> bool {
+        self.slots.iter().any(|(a, b)| (*a..=*b).contains(&slot))
+    }
+}
+
+impl TestCluster {
+    /// Start six servers and make them a cluster with one replica per
+    /// primary; returns once every node reports `cluster_state:ok` with all
+    /// 16384 slots assigned and all six nodes known.
+    pub fn start() -> TestCluster {
+        let server = process::require_program(
+            "redis-server",
+            "install it with `apt-get install redis-server` (the tests need a real Redis)",
+        );
+        let cli = process::require_program(
+            "redis-cli",
+            "install it with `apt-get install redis-tools` (redis-cli creates the test cluster)",
+        );
+        let dir = process::scratch_dir("redis-cluster");
+        let mut nodes = Vec::new();
+        for i in 0..6 {
+            let port = process::free_port();
+            let bus = process::free_port();
+            let node_dir = dir.join(format!("node{i}"));
+            std::fs::create_dir_all(&node_dir).expect("create a node directory");
+            let log = node_dir.join("redis.log");
+            let mut cmd = Command::new(&server);
+            cmd.args(["--bind", "127.0.0.1", "--port", &port.to_string()])
+                .args(["--cluster-enabled", "yes"])
+                .args(["--cluster-port", &bus.to_string()])
+                .args(["--cluster-config-file", "nodes.conf"])
+                .args(["--cluster-node-timeout", "2000"])
+                .args(["--save", "", "--appendonly", "no"])
+                .arg("--dir")
+                .arg(&node_dir);
+            let pid = process::spawn_server(cmd, &log);
+            process::wait_until("redis-server", Duration::from_secs(20), &log, pid, || {
+                ping(port)
+            });
+            nodes.push(ClusterNode { port, pid, log });
+        }
+        let addrs: Vec<String> = nodes
+            .iter()
+            .map(|n| format!("127.0.0.1:{}", n.port))
+            .collect();
+        let out = Command::new(&cli)
+            .args(["--cluster", "create"])
+            .args(&addrs)
+            .args(["--cluster-replicas", "1", "--cluster-yes"])
+            .output()
+            .expect("run redis-cli --cluster create");
+        assert!(
+            out.status.success(),
+            "redis-cli --cluster create failed:\n{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let cluster = TestCluster {
+            url: format!("redis+cluster://{}", addrs.join(",")),
+            nodes,
+            cli,
+        };
+        cluster.wait_healthy(Duration::from_secs(60));
+        cluster
+    }
+
+    /// Run redis-cli against the node on `port`; its stdout.
+    pub fn cli(&self, port: u16, args: &[&str]) -> String {
+        let out = Command::new(&self.cli)
+            .args(["-h", "127.0.0.1", "-p", &port.to_string()])
+            .args(args)
+            .output()
+            .expect("run redis-cli");
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
+    /// Wait until every live node says `cluster_state:ok`, all slots are
+    /// assigned, all nodes are known, and the nodes agree on who owns which
+    /// slots.
+    pub fn wait_healthy(&self, timeout: Duration) {
+        let deadline = std::time::Instant::now() + timeout;
+        loop {
+            let live: Vec<&ClusterNode> = self
+                .nodes
+                .iter()
+                .filter(|n| process::is_running(n.pid))
+                .collect();
+            let ok = live.iter().all(|n| {
+                let info = self.cli(n.port, &["CLUSTER", "INFO"]);
+                info.contains("cluster_state:ok")
+                    && info.contains("cluster_slots_assigned:16384")
+                    && info.contains(&format!("cluster_known_nodes:{}", self.nodes.len()))
+            });
+            let views: std::collections::BTreeSet<String> = live
+                .iter()
+                .map(|n| {
+                    let mut v: Vec<String> = self
+                        .topology_from(n.port)
+                        .into_iter()
+                        .map(|i| match &i.replica_of {
+                            None => format!("{}={:?}", i.port, i.slots),
+                            Some(p) => format!("{}->{p}", i.port),
+                        })
+                        .collect();
+                    v.sort();
+                    v.join(";")
+                })
+                .collect();
+            // Every replica has caught up with its primary (a coordinated
+            // failover needs that) and every node sees every live node.
+            let replicas_up = live.iter().all(|n| {
+                let info = self.cli(n.port, &["INFO", "replication"]);
+                info.contains("role:master") || info.contains("master_link_status:up")
+            });
+            let complete = views
+                .iter()
+                .next()
+                .is_some_and(|v| v.split(';').count() == live.len());
+            if ok && replicas_up && complete && views.len() == 1 {
+                return;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the test cluster did not become healthy within {timeout:?}: {}",
+                self.cli(live[0].port, &["CLUSTER", "NODES"])
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    /// The cluster as the first live node sees it.
+    pub fn topology(&self) -> Vec<NodeInfo> {
+        let node = self
+            .nodes
+            .iter()
+            .find(|n| process::is_running(n.pid))
+            .expect("a live node");
+        self.topology_from(node.port)
+    }
+
+    fn topology_from(&self, port: u16) -> Vec<NodeInfo> {
+        self.cli(port, &["CLUSTER", "NODES"])
+            .lines()
+            .filter_map(|line| {
+                let f: Vec<&str> = line.split_whitespace().collect();
+                if f.len() < 8 || f[2].contains("fail") || f[2].contains("noaddr") {
+                    return None;
+                }
+                let port = f[1].split('@').next()?.rsplit(':').next()?.parse().ok()?;
+                let primary = f[2].contains("master");
+                let slots = f[8..]
+                    .iter()
+                    .filter(|s| !s.starts_with('['))
+                    .filter_map(|s| match s.split_once('-') {
+                        Some((a, b)) => Some((a.parse().ok()?, b.parse().ok()?)),
+                        None => s.parse().ok().map(|a| (a, a)),
+                    })
+                    .collect();
+                Some(NodeInfo {
+                    id: f[0].to_string(),
+                    port,
+                    primary,
+                    replica_of: (!primary).then(|| f[3].to_string()),
+                    slots,
+                })
+            })
+            .collect()
+    }
+
+    /// The hash slot of `key`.
+    pub fn keyslot(&self, key: &str) -> u16 {
+        self.cli(self.topology()[0].port, &["CLUSTER", "KEYSLOT", key])
+            .trim()
+            .parse()
+            .expect("CLUSTER KEYSLOT answers a number")
+    }
+
+    /// The primary owning `slot`.
+    pub fn primary_of(&self, slot: u16) -> NodeInfo {
+        self.topology()
+            .into_iter()
+            .find(|n| n.primary && n.owns(slot))
+            .unwrap_or_else(|| panic!("no primary owns slot {slot}"))
+    }
+
+    /// A replica of the primary with id `primary`.
+    pub fn replica_of(&self, primary: &str) -> NodeInfo {
+        self.topology()
+            .into_iter()
+            .find(|n| n.replica_of.as_deref() == Some(primary))
+            .unwrap_or_else(|| panic!("primary {primary} has no replica"))
+    }
+
+    /// Number of keys on the node at `port`.
+    pub fn dbsize(&self, port: u16) -> u64 {
+        self.cli(port, &["DBSIZE"]).trim().parse().unwrap_or(0)
+    }
+
+    /// Promote the replica on `port` with a coordinated `CLUSTER FAILOVER`
+    /// (the primary stops taking writes, the replica catches up, then takes
+    /// over); returns once the replica is a primary and the cluster is healthy.
+    pub fn failover(&self, replica_port: u16) {
+        let answer = self.cli(replica_port, &["CLUSTER", "FAILOVER"]);
+        assert!(answer.contains("OK"), "CLUSTER FAILOVER: {answer}");
+        let deadline = std::time::Instant::now() + Duration::from_secs(30);
+        while !self.cli(replica_port, &["ROLE"]).starts_with("master") {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the replica on {replica_port} was not promoted"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        self.wait_healthy(Duration::from_secs(30));
+    }
+
+    /// Move `slots` slots from the primary `from` to the primary `to` with
+    /// `redis-cli --cluster reshard` (key by key, with MIGRATE); returns its
+    /// output once it finished and the cluster is healthy.
+    pub fn reshard(&self, from: &NodeInfo, to: &NodeInfo, slots: u32) -> String {
+        let out = Command::new(&self.cli)
+            .args(["--cluster", "reshard", &format!("127.0.0.1:{}", from.port)])
+            .args(["--cluster-from", &from.id, "--cluster-to", &to.id])
+            .args(["--cluster-slots", &slots.to_string(), "--cluster-yes"])
+            .output()
+            .expect("run redis-cli --cluster reshard");
+        let text = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(
+            out.status.success() && !text.contains("[ERR]"),
+            "redis-cli --cluster reshard failed; the end of its output:\n{}",
+            &text[(text.len().saturating_sub(1500)..)
+                .find(|i| text.is_char_boundary(*i))
+                .unwrap_or(0)..]
+        );
+        self.wait_healthy(Duration::from_secs(30));
+        text
+    }
+}
+
+impl Drop for TestCluster {
+    fn drop(&mut self) {
+        for n in &self.nodes {
+            if process::is_running(n.pid) {
+                process::signal(n.pid, libc::SIGKILL);
+                let _ = process::wait_exit(n.pid, Duration::from_secs(10));
+            }
+        }
+    }
+}

@@ -24,10 +24,20 @@ pub struct Setup {
 }
 
 pub async fn setup(policy: QueuePolicy) -> Setup {
+    setup_on(&super::redis::shared().url, policy).await
+}
+
+/// [`setup`] on the Redis (or Redis Cluster) at `redis_url`.
+pub async fn setup_on(redis_url: &str, policy: QueuePolicy) -> Setup {
     static N: AtomicU32 = AtomicU32::new(0);
     let name = format!("w{}", N.fetch_add(1, Ordering::Relaxed));
-    let redis_url = super::redis::shared().url.clone();
-    let store = Store::connect(&redis_url, SetId::new("worker", &name), Default::default())
+    setup_named(redis_url, &name, policy).await
+}
+
+/// [`setup_on`] for the ShardSet `worker/<name>`.
+pub async fn setup_named(redis_url: &str, name: &str, policy: QueuePolicy) -> Setup {
+    let redis_url = redis_url.to_string();
+    let store = Store::connect(&redis_url, SetId::new("worker", name), Default::default())
         .await
         .unwrap();
     store.set_shards(1).await.unwrap();

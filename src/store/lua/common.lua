@@ -34,7 +34,12 @@
 --                     HASH  circuit breaker: s closed|open|half, u until ms, ws window start,
 --                           n requests, x failures (absent while closed and healthy)
 --   P:blocked         ZSET  tenant -> ms: tenants whose head envelope's breaker is open
---   P:wake            CHANNEL published when a tenant becomes active (wakes idle workers)
+--   P:wake            CHANNEL published when a tenant becomes active (wakes idle workers);
+--                           on Redis Cluster the library is loaded with SPUBLISH here
+--                           (sharded pub/sub, see `store::build_library`)
+--   P:~slotguard      never written: every call declares it as its second key, so a
+--                           call meets TRYAGAIN while the queue's slot is migrating
+--                           instead of running on half-moved keys (see `store`)
 --
 -- This file, deliver.lua and every script body make one Redis Functions
 -- library (see `store::library`). Closures are created once, when the
