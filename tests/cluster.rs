@@ -455,7 +455,8 @@ fn simulate_runs_on_the_cluster_and_cleans_up() {
         .args(["--duration", "10s", "--tenants", "30", "--rate", "10"])
         .args(["--shards", "2", "--whale", "big:300:1s:100"])
         .args(["--promote-after", "2s", "--promotion-window", "10s"])
-        .args(["--promotion-tick", "1s"])
+        .args(["--promotion-tick", "1s", "--svg"])
+        .arg(support::process::scratch_dir("sim-cluster").join("chart.svg"))
         .env("RUST_LOG", "warn")
         .output()
         .unwrap();
