@@ -1643,31 +1643,6 @@ impl Store {
         Ok(())
     }
 
-    /// The simulator's FIFO baseline: append `ids` to `q`'s plain list (one
-    /// `RPUSH`). Not read by any production script.
-    pub async fn fifo_push(&self, q: QueueId, ids: &[String]) -> Result<()> {
-        if ids.is_empty() {
-            return Ok(());
-        }
-        let mut conn = self.conn.clone();
-        redis::cmd("RPUSH")
-            .arg(format!("{}:fifo", self.queue_prefix(q)))
-            .arg(ids)
-            .query_async::<()>(&mut conn)
-            .await?;
-        Ok(())
-    }
-
-    /// The simulator's FIFO baseline: the oldest id of `q`'s plain list
-    /// (`LPOP`), if any.
-    pub async fn fifo_pop(&self, q: QueueId) -> Result<Option<String>> {
-        let mut conn = self.conn.clone();
-        Ok(redis::cmd("LPOP")
-            .arg(format!("{}:fifo", self.queue_prefix(q)))
-            .query_async(&mut conn)
-            .await?)
-    }
-
     /// Delete every key of this set (its queues and its routing table):
     /// the simulator's cleanup of its throwaway set. Returns how many.
     pub async fn purge_set(&self) -> Result<u64> {
