@@ -66,10 +66,14 @@ async fn grow_4_to_6_under_load_keeps_every_tenants_order() {
     );
     let share = last.to_move as f64 / 200.0;
     assert!((share - 1.0 / 3.0).abs() < 0.1, "moved share {share}");
+    // The condition showed progress (as polled, or as its Events recorded)
+    // and then cleared, with a "Resharded" Event.
+    let shown = |r: &str| seen.reasons.iter().chain(&seen.events).any(|x| x == r);
     assert!(
-        seen.reasons.contains(&"MovingTenants".to_string())
-            || seen.reasons.contains(&"WaitingForShards".to_string())
+        shown("MovingTenants") || shown("WaitingForShards"),
+        "{seen:?}"
     );
+    assert!(seen.events.iter().any(|e| e == "Resharded"), "{seen:?}");
     assert_eq!(seen.reasons.last().map(String::as_str), Some("Idle"));
     let set = env.shardset().await;
     assert!(set.status.as_ref().unwrap().resharding.is_none());
@@ -107,6 +111,7 @@ async fn shrink_6_to_3_moves_everyone_off_the_retiring_shards_then_deletes_them(
     );
     assert_eq!(last.to_move as usize, on_retiring);
     assert_eq!(last.moved, last.to_move);
+    assert!(seen.events.iter().any(|e| e == "Resharded"), "{seen:?}");
     wait_shard_deployments(&env, 3, Duration::from_secs(30)).await;
     for n in 3..6 {
         let depth: u64 = env

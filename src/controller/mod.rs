@@ -465,6 +465,24 @@ async fn run_reshard(
         .reshard_moves
         .get_or_create(&labels)
         .inc_by(pass.finished.len() as u64);
+    if let Some(done) = &pass.completed {
+        // The condition may be True for less than a watch round trip (idle
+        // tenants move in one pass): say what happened in an Event too.
+        let recorder = Recorder::new(ctx.client.clone(), ctx.reporter.clone());
+        let event = Event {
+            type_: EventType::Normal,
+            reason: "Resharded".into(),
+            note: Some(format!(
+                "resharded from {} to {} shards: moved {} of {} tenants",
+                done.from_shards, done.to_shards, done.moved, done.to_move
+            )),
+            action: "Reshard".into(),
+            secondary: None,
+        };
+        if let Err(e) = recorder.publish(&event, &set.object_ref(&())).await {
+            warn!(error = %e, "cannot record an event");
+        }
+    }
     view.progress = pass.progress;
     view.draining = pass.draining;
     Ok(())

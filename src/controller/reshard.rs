@@ -187,6 +187,8 @@ pub struct Pass {
     pub finished: Vec<Duration>,
     /// New shards not yet available: moves wait.
     pub waiting_for_shards: bool,
+    /// The reshard finished in this pass: its final progress.
+    pub completed: Option<ReshardProgress>,
 }
 
 /// Plan a reshard to `to` shards if the routing table says otherwise: pin
@@ -290,7 +292,10 @@ pub async fn advance(
             );
             memory.progress = None;
             memory.moves.clear();
-            return Ok(Pass::default());
+            return Ok(Pass {
+                completed: Some(progress),
+                ..Pass::default()
+            });
         }
         warn!(
             count = late.len(),

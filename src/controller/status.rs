@@ -359,7 +359,12 @@ pub fn transitions(before: &ShardSetStatus, after: &ShardSetStatus) -> Vec<Trans
     after
         .conditions
         .iter()
-        .filter(|c| c.type_ == "Ready" || c.type_ == "Degraded" || c.type_ == "LaneCapReached")
+        .filter(|c| {
+            matches!(
+                c.type_.as_str(),
+                "Ready" | "Degraded" | "LaneCapReached" | "Resharding"
+            )
+        })
         .filter(|c| {
             let old = before.conditions.iter().find(|o| o.type_ == c.type_);
             old.map(|o| o.status != c.status)
@@ -367,7 +372,11 @@ pub fn transitions(before: &ShardSetStatus, after: &ShardSetStatus) -> Vec<Trans
         })
         .map(|c| Transition {
             type_: c.type_.clone(),
-            warning: (c.type_ == "Ready") != (c.status == "True"),
+            warning: match c.type_.as_str() {
+                "Ready" => c.status != "True",
+                "Resharding" => false,
+                _ => c.status == "True",
+            },
             reason: c.reason.clone(),
             note: format!("{}={}: {}", c.type_, c.status, c.message),
         })

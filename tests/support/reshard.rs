@@ -96,7 +96,49 @@ pub struct Observed {
     pub progress: Vec<ReshardProgress>,
     /// Every distinct Resharding condition reason seen, in order.
     pub reasons: Vec<String>,
+    /// Reasons of the set's Events recorded during the watch (the condition
+    /// can be True for less than a poll: idle tenants move in one pass).
+    pub events: Vec<String>,
     pub took: Duration,
+}
+
+/// The set's Events, oldest first: (reason, note).
+fn set_events(env: &LaneEnv) -> Vec<(String, String)> {
+    let out = env.cp.kubectl_ok(&[
+        "get",
+        "events.events.k8s.io",
+        "-n",
+        &env.ns,
+        "--field-selector",
+        &format!("regarding.name={}", env.set),
+        "--sort-by=.metadata.creationTimestamp",
+        "-o",
+        "jsonpath={range .items[*]}{.reason}{\"\\t\"}{.note}{\"\\n\"}{end}",
+    ]);
+    out.lines()
+        .filter_map(|l| l.split_once('\t'))
+        .map(|(r, n)| (r.to_string(), n.to_string()))
+        .collect()
+}
+
+/// The progress a "Resharded" Event reports:
+/// `resharded from A to B shards: moved X of Y tenants`.
+fn progress_of(note: &str) -> Option<ReshardProgress> {
+    let n: Vec<i32> = note
+        .split(|c: char| !c.is_ascii_digit())
+        .filter(|w| !w.is_empty())
+        .filter_map(|w| w.parse().ok())
+        .collect();
+    match n[..] {
+        [from_shards, to_shards, moved, to_move] => Some(ReshardProgress {
+            from_shards,
+            to_shards,
+            to_move,
+            moved,
+            failed: 0,
+        }),
+        _ => None,
+    }
 }
 
 fn resharding_condition(env_set: &lanekeeper::crd::ShardSet) -> (String, String) {
@@ -120,6 +162,7 @@ pub async fn watch_reshard(
     let started = Instant::now();
     let mut seen = Observed::default();
     let mut began = false;
+    let events_before = set_events(env).len();
     loop {
         let set = env.shardset().await;
         let (status, reason) = resharding_condition(&set);
@@ -136,10 +179,22 @@ pub async fn watch_reshard(
         if until(&seen) {
             return seen;
         }
-        if began && status == "False" {
+        if status == "False" {
             let table = env.store.routing().await.unwrap();
             if table.shards == to && !table.pins.values().any(|q| matches!(q, QueueId::Shard(_))) {
-                return seen;
+                let events: Vec<(String, String)> =
+                    set_events(env).into_iter().skip(events_before).collect();
+                let done = events.iter().rev().find(|(r, _)| r == "Resharded");
+                if began || done.is_some() {
+                    seen.events = events.iter().map(|(r, _)| r.clone()).collect();
+                    // What the Event says is final, even if a poll missed it.
+                    if let Some(p) = done.and_then(|(_, note)| progress_of(note)) {
+                        if seen.progress.last() != Some(&p) {
+                            seen.progress.push(p);
+                        }
+                    }
+                    return seen;
+                }
             }
         }
         assert!(
