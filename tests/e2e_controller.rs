@@ -4,18 +4,12 @@
 
 mod support;
 
-use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 use support::controlplane::{self, ControlPlane};
 
 fn cluster() -> &'static ControlPlane {
-    static READY: OnceLock<()> = OnceLock::new();
-    let cp = controlplane::full();
-    READY.get_or_init(|| {
-        cp.install_crds();
-    });
-    cp
+    controlplane::full_with_crds()
 }
 
 fn controller(cp: &ControlPlane, ns: &str) -> u32 {

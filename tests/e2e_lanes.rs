@@ -9,7 +9,6 @@
 
 mod support;
 
-use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 use lanekeeper::crd::LanePhase;
@@ -19,12 +18,7 @@ use support::lanes::{assert_in_order, p99, LaneEnv, Traffic};
 use support::receiver::now_ms;
 
 fn cluster() -> &'static ControlPlane {
-    static READY: OnceLock<()> = OnceLock::new();
-    let cp = controlplane::full();
-    READY.get_or_init(|| {
-        cp.install_crds();
-    });
-    cp
+    controlplane::full_with_crds()
 }
 
 static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());

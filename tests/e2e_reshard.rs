@@ -9,7 +9,6 @@
 
 mod support;
 
-use std::sync::OnceLock;
 use std::time::Duration;
 
 use k8s_openapi::api::apps::v1::Deployment;
@@ -22,12 +21,7 @@ use support::reshard::{
 };
 
 fn cluster() -> &'static ControlPlane {
-    static READY: OnceLock<()> = OnceLock::new();
-    let cp = controlplane::full();
-    READY.get_or_init(|| {
-        cp.install_crds();
-    });
-    cp
+    controlplane::full_with_crds()
 }
 
 static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());

@@ -55,6 +55,16 @@ pub fn full() -> &'static ControlPlane {
     FULL.get_or_init(|| ControlPlane::start(Components::Full))
 }
 
+/// The full control plane with the CRDs installed (once per test binary).
+pub fn full_with_crds() -> &'static ControlPlane {
+    static READY: OnceLock<()> = OnceLock::new();
+    let cp = full();
+    READY.get_or_init(|| {
+        cp.install_crds();
+    });
+    cp
+}
+
 /// Directory holding the compiled control-plane binaries, building them first
 /// if the cache is cold. `LANEKEEPER_CONTROLPLANE_BIN` overrides it.
 pub fn binaries() -> PathBuf {
