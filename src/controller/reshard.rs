@@ -191,6 +191,15 @@ pub struct Pass {
     pub completed: Option<ReshardProgress>,
 }
 
+/// The residents of shard queues `0..shards`, per shard.
+async fn residents(store: &Store, shards: u16) -> Result<Vec<(u16, Vec<String>)>, StoreError> {
+    let mut out = Vec::with_capacity(shards as usize);
+    for s in 0..shards {
+        out.push((s, store.residents(QueueId::Shard(s)).await?));
+    }
+    Ok(out)
+}
+
 /// Plan a reshard to `to` shards if the routing table says otherwise: pin
 /// the movers where they live, then write the new count. `queues` is how
 /// many shard queues may hold tenants (the larger of the old count and the
@@ -211,10 +220,7 @@ pub async fn plan(
     if table.shards == to {
         return Ok(before);
     }
-    let mut residents = Vec::new();
-    for s in 0..queues.max(table.shards) {
-        residents.push((s, store.residents(QueueId::Shard(s)).await?));
-    }
+    let residents = residents(store, queues.max(table.shards)).await?;
     let new = movers(&residents, &table.pins, excluded, to);
     store.pin_many(&new).await?;
     // Fence every shard queue at the version the new count will have, so a
@@ -278,10 +284,7 @@ pub async fn advance(
     if moving.is_empty() {
         // Done, unless a straggler arrived on its old hash queue (a producer
         // whose table was older than the plan): those move too.
-        let mut residents = Vec::new();
-        for s in 0..queues.max(table.shards) {
-            residents.push((s, store.residents(QueueId::Shard(s)).await?));
-        }
+        let residents = residents(store, queues.max(table.shards)).await?;
         let late = movers(&residents, &table.pins, excluded, table.shards);
         if late.is_empty() {
             info!(
