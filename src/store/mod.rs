@@ -934,30 +934,38 @@ impl Store {
     /// Write the fairness policy a queue's scripts read.
     pub async fn configure_queue(&self, q: QueueId, policy: &QueuePolicy) -> Result<()> {
         let p = self.queue_prefix(q);
+        let fields = [
+            ("quantum", policy.quantum_seconds.to_string()),
+            ("cap", policy.max_in_flight.to_string()),
+            (
+                "ordered",
+                if policy.ordered { "1" } else { "0" }.to_string(),
+            ),
+            ("weight", policy.default_weight.to_string()),
+            ("est0", policy.initial_estimate_seconds.to_string()),
+            ("maxatt", policy.max_attempts.to_string()),
+            (
+                "idttl",
+                policy.idempotency_window.as_secs().max(1).to_string(),
+            ),
+            ("bratio", policy.breaker.failure_ratio.to_string()),
+            ("bmin", policy.breaker.min_requests.to_string()),
+            ("bwin", policy.breaker.window.as_millis().to_string()),
+            ("bopen", policy.breaker.open_for.as_millis().to_string()),
+        ];
+        // The scripts read the policy as one field (see common.lua); the
+        // fields one by one are what library versions before it read, kept
+        // while such workers may still run during a rolling upgrade.
+        let packed = fields
+            .iter()
+            .map(|(k, v)| format!("{k}={v}"))
+            .collect::<Vec<_>>()
+            .join(" ");
         let mut pipe = redis::pipe();
         pipe.atomic()
-            .hset_multiple(
-                format!("{p}:conf"),
-                &[
-                    ("quantum", policy.quantum_seconds.to_string()),
-                    ("cap", policy.max_in_flight.to_string()),
-                    (
-                        "ordered",
-                        if policy.ordered { "1" } else { "0" }.to_string(),
-                    ),
-                    ("weight", policy.default_weight.to_string()),
-                    ("est0", policy.initial_estimate_seconds.to_string()),
-                    ("maxatt", policy.max_attempts.to_string()),
-                    (
-                        "idttl",
-                        policy.idempotency_window.as_secs().max(1).to_string(),
-                    ),
-                    ("bratio", policy.breaker.failure_ratio.to_string()),
-                    ("bmin", policy.breaker.min_requests.to_string()),
-                    ("bwin", policy.breaker.window.as_millis().to_string()),
-                    ("bopen", policy.breaker.open_for.as_millis().to_string()),
-                ],
-            )
+            .hset_multiple(format!("{p}:conf"), &fields)
+            .ignore()
+            .hset(format!("{p}:conf"), "policy", packed)
             .ignore()
             .del(format!("{p}:weights"))
             .ignore();
@@ -1475,14 +1483,14 @@ impl Store {
                     script: "tenant stats",
                     detail: format!("worker-seconds bucket: {e}"),
                 })?;
-            for (t, secs) in map {
+            for (t, us) in map {
                 by_tenant
                     .entry(t.clone())
                     .or_insert_with(|| TenantStats {
                         tenant: t,
                         ..Default::default()
                     })
-                    .worker_seconds += secs;
+                    .worker_seconds += us / 1e6;
             }
         }
         by_tenant.retain(|_, s| s.depth + s.delivered + s.failed > 0 || s.worker_seconds > 0.0);
@@ -1579,8 +1587,8 @@ impl Store {
         for v in &replies[2..] {
             let map: BTreeMap<String, f64> =
                 redis::from_redis_value_ref(v).map_err(|e| bad(e.to_string()))?;
-            activity.queue_worker_seconds += map.values().sum::<f64>();
-            activity.worker_seconds += map.get(tenant).copied().unwrap_or(0.0);
+            activity.queue_worker_seconds += map.values().sum::<f64>() / 1e6;
+            activity.worker_seconds += map.get(tenant).copied().unwrap_or(0.0) / 1e6;
         }
         if let Value::BulkString(id) = &replies[1] {
             let id = String::from_utf8_lossy(id);

@@ -2,11 +2,12 @@
 -- `lk:{<namespace>/<set>/<queue>}`: every key below starts with it, so all
 -- keys of a queue share one hash tag and each script touches one slot.
 --
---   P:conf            HASH  quantum, cap, ordered, weight, est0, maxatt, idttl, clock (virtual ms,
---                           simulator only), minroute (oldest routing-table version a producer
---                           may enqueue with: a reshard's fence, see enqueue.lua),
---                           mnext (next time a lease does maintenance),
---                           bratio, bmin, bwin (ms), bopen (ms): the circuit breaker
+--   P:conf            HASH  policy: "key=value" pairs (quantum, cap, ordered, weight, est0,
+--                           maxatt, idttl; bratio, bmin, bwin ms, bopen ms: the circuit breaker),
+--                           also written one field each for library versions before this one;
+--                           clock (virtual ms, simulator only); minroute (oldest routing-table
+--                           version a producer may enqueue with: a reshard's fence, see
+--                           enqueue.lua); mnext (next time a lease does maintenance)
 --   P:weights         HASH  tenant -> weight
 --   P:ring            LIST  active tenants in DRR order (the head is served); a tenant that
 --                           just became active goes to the head for one turn (see activate_fresh)
@@ -29,7 +30,7 @@
 --                           so ack, nack and release prove the lease with one ZREM
 --   P:delayed         ZSET  id -> retry due ms
 --   P:dead            LIST  dead letters (JSON)
---   P:ws:<bucket>     HASH  tenant -> worker-seconds in a 10 s bucket (expires)
+--   P:ws:<bucket>     HASH  tenant -> worker-microseconds (integer) in a 10 s bucket (expires)
 --   P:br:<len>:<tenant>:<endpoint>
 --                     HASH  circuit breaker: s closed|open|half, u until ms, ws window start,
 --                           n requests, x failures (absent while closed and healthy)
@@ -55,26 +56,54 @@ local CLOCK
 -- The oldest routing-table version a routed enqueue may carry (0: any).
 local MIN_ROUTE
 
+-- The names of each queue's fixed keys, made once per queue (a few
+-- hundred at most) instead of on every call.
+local QUEUE_KEYS = {}
+
+-- A queue's policy is one field of its conf hash, `policy`, written by
+-- `Store::configure_queue` as space-separated key=value pairs (quantum, cap,
+-- ordered, weight, est0, maxatt, idttl, bratio, bmin, bwin, bopen; an absent
+-- one takes its default). Each distinct string is parsed once and kept here:
+-- reading one field and looking it up costs a call a fraction of reading
+-- eleven fields and converting each to a number.
+local POLICIES, POLICY_COUNT = {}, 0
+local function parse_policy(raw)
+  local v = {}
+  for k, x in string.gmatch(raw or '', '(%w+)=(%S+)') do v[k] = x end
+  local num = function(k, default) return tonumber(v[k]) or default end
+  local ordered = v.ordered == '1'
+  return {
+    quantum = num('quantum', 2.0), ordered = ordered, cap = ordered and 1 or num('cap', 8),
+    weight = num('weight', 1.0), est0 = num('est0', 1.0), maxatt = num('maxatt', 10),
+    idttl = num('idttl', 86400), bratio = num('bratio', 0.5), bmin = num('bmin', 20),
+    bwin = num('bwin', 60000), bopen = num('bopen', 30000),
+  }
+end
+
 -- The first step of every per-queue function: KEYS[1] is the queue prefix.
 local function begin(keys)
   P = keys[1]
-  RING, LEASES, DELAYED, BLOCKED = P .. ':ring', P .. ':leases', P .. ':delayed', P .. ':blocked'
-  local conf = redis.call('HMGET', P .. ':conf', 'quantum', 'cap', 'ordered', 'weight', 'est0', 'maxatt', 'idttl',
-    'mnext', 'bratio', 'bmin', 'bwin', 'bopen', 'clock', 'minroute')
-  QUANTUM = tonumber(conf[1]) or 2.0
-  ORDERED = conf[3] == '1'
-  CAP = ORDERED and 1 or (tonumber(conf[2]) or 8)
-  DEFAULT_WEIGHT = tonumber(conf[4]) or 1.0
-  EST0 = tonumber(conf[5]) or 1.0
-  MAX_ATTEMPTS = tonumber(conf[6]) or 10
-  ID_TTL = tonumber(conf[7]) or 86400
-  MAINT_NEXT = tonumber(conf[8]) or 0
-  BR_RATIO = tonumber(conf[9]) or 0.5
-  BR_MIN = tonumber(conf[10]) or 20
-  BR_WINDOW = tonumber(conf[11]) or 60000
-  BR_OPEN = tonumber(conf[12]) or 30000
-  CLOCK = tonumber(conf[13])
-  MIN_ROUTE = tonumber(conf[14]) or 0
+  local qk = QUEUE_KEYS[P]
+  if not qk then
+    qk = { P .. ':ring', P .. ':leases', P .. ':delayed', P .. ':blocked', P .. ':conf' }
+    QUEUE_KEYS[P] = qk
+  end
+  RING, LEASES, DELAYED, BLOCKED = qk[1], qk[2], qk[3], qk[4]
+  local conf = redis.call('HMGET', qk[5], 'policy', 'mnext', 'clock', 'minroute')
+  local raw = conf[1] or ''
+  local pol = POLICIES[raw]
+  if not pol then
+    -- a handful of distinct policies at a time; start over rather than grow
+    if POLICY_COUNT >= 256 then POLICIES, POLICY_COUNT = {}, 0 end
+    pol = parse_policy(raw)
+    POLICIES[raw], POLICY_COUNT = pol, POLICY_COUNT + 1
+  end
+  QUANTUM, ORDERED, CAP, DEFAULT_WEIGHT, EST0 = pol.quantum, pol.ordered, pol.cap, pol.weight, pol.est0
+  MAX_ATTEMPTS, ID_TTL = pol.maxatt, pol.idttl
+  BR_RATIO, BR_MIN, BR_WINDOW, BR_OPEN = pol.bratio, pol.bmin, pol.bwin, pol.bopen
+  MAINT_NEXT = tonumber(conf[2]) or 0
+  CLOCK = tonumber(conf[3])
+  MIN_ROUTE = tonumber(conf[4]) or 0
 end
 
 local function now_ms()
@@ -274,30 +303,42 @@ local function settle(t, charged, actual, now, free_slot, outcome)
   local tk = tkey(t)
   local st = redis.call('HMGET', tk, 'e', 'f', 'k', 'd', 'n', 'ok', 'ko', 'w', 'bw', 'bl')
   local e, f = tonumber(st[1]) or EST0, tonumber(st[2]) or 0
-  if free_slot then f = math.max(f - 1, 0) end
-  local n, ok, ko, w = tonumber(st[5]) or 0, tonumber(st[6]) or 0, tonumber(st[7]) or 0, tonumber(st[8]) or 0
-  if outcome == 'delivered' then n, ok = n - 1, ok + 1
-  elseif outcome == 'dead' then n, ko = n - 1, ko + 1
-  elseif outcome == 'retry' then w = w + 1 end
-  local set = { 'e', e + 0.3 * (actual - e), 'f', f, 'd', (tonumber(st[4]) or 0) + charged - actual,
-    'n', math.max(n, 0), 'ok', ok, 'ko', ko, 'w', w }
+  -- only the fields that change are written
+  local set = { 'e', e + 0.3 * (actual - e), 'd', (tonumber(st[4]) or 0) + charged - actual }
+  local n = #set
+  if free_slot then
+    f = math.max(f - 1, 0)
+    set[n + 1] = 'f'; set[n + 2] = f; n = n + 2
+  end
+  if outcome == 'delivered' or outcome == 'dead' then
+    local count = outcome == 'delivered' and 'ok' or 'ko'
+    local cur = tonumber(st[outcome == 'delivered' and 6 or 7]) or 0
+    set[n + 1] = 'n'; set[n + 2] = math.max((tonumber(st[5]) or 0) - 1, 0)
+    set[n + 3] = count; set[n + 4] = cur + 1; n = n + 4
+  elseif outcome == 'retry' then
+    set[n + 1] = 'w'; set[n + 2] = (tonumber(st[8]) or 0) + 1; n = n + 2
+  end
   -- a tenant parked at its cap rejoins the ring's tail (unless a breaker
   -- blocks it) in this same write. It was parked with work queued; should
   -- its lane be empty now, its next turn finds that and takes it off.
   local rejoin = false
   if free_slot and st[3] == '1' and f < CAP then
-    set[#set + 1] = 'k'; set[#set + 1] = 0
+    set[n + 1] = 'k'; set[n + 2] = 0; n = n + 2
     if st[10] ~= '1' then
-      set[#set + 1] = 'r'; set[#set + 1] = 1
+      set[n + 1] = 'r'; set[n + 2] = 1; n = n + 2
       rejoin = true
     end
   end
   redis.call('HSET', tk, unpack(set))
   if rejoin then push_active(t, false) end
-  local bucket = P .. ':ws:' .. math.floor(now / 10000)
-  local total = tonumber(redis.call('HINCRBYFLOAT', bucket, t, actual))
-  -- the first write to a bucket is always a tenant's first in it: set the TTL then
-  if math.abs(total - actual) < 1e-9 then redis.call('EXPIRE', bucket, 7200) end
+  -- worker-seconds are kept in whole microseconds: integer increments
+  -- cost Redis far less than HINCRBYFLOAT's long-double formatting
+  local us = math.floor(actual * 1e6 + 0.5)
+  if us > 0 then
+    local bucket = P .. ':ws:' .. math.floor(now / 10000)
+    -- the first write to a bucket is always a tenant's first in it: set the TTL then
+    if redis.call('HINCRBY', bucket, t, us) == us then redis.call('EXPIRE', bucket, 7200) end
+  end
   return tonumber(st[9]) or 0
 end
 

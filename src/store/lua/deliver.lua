@@ -5,28 +5,36 @@
 -- fresh turn may still charge (0 outside one). `set` holds the tenant
 -- fields the caller has changed; they are written with this step's in one HSET.
 local function reposition(t, tk, d, f, charged, budget, set)
-  local function put(k, v) set[#set + 1] = k; set[#set + 1] = v end
+  local n = #set
   if redis.call('LLEN', lane(t)) == 0 then
     -- idle: leaves the ring and keeps no credit (debt stays)
     redis.call('LPOP', RING)
-    put('r', 0); put('d', math.min(d, 0)); put('b', 0)
+    set[n + 1] = 'r'; set[n + 2] = 0; set[n + 3] = 'd'; set[n + 4] = math.min(d, 0)
+    set[n + 5] = 'b'; set[n + 6] = 0
   elseif f >= CAP then
     -- at its cap: parked off the ring until a slot frees, so it is not rescanned
     redis.call('LPOP', RING)
-    put('r', 0); put('k', 1); put('b', 0)
+    set[n + 1] = 'r'; set[n + 2] = 0; set[n + 3] = 'k'; set[n + 4] = 1; set[n + 5] = 'b'; set[n + 6] = 0
   elseif d <= 0 then
     -- turn over: next turn's quantum, to the tail of the ring
     redis.call('LMOVE', RING, RING, 'LEFT', 'RIGHT')
-    put('d', d + QUANTUM * weight(t)); put('b', 0)
+    set[n + 1] = 'd'; set[n + 2] = d + QUANTUM * weight(t); set[n + 3] = 'b'; set[n + 4] = 0
   elseif budget > 0 and charged > 0 then
     -- a fresh turn: spent (refunds do not extend it), it goes on to the
     -- ring's tail with the credit it has left
     local b = budget - charged
-    put('b', math.max(b, 0))
+    set[n + 1] = 'b'; set[n + 2] = math.max(b, 0)
     if b <= 0 then redis.call('LMOVE', RING, RING, 'LEFT', 'RIGHT') end
   end
   -- later pairs win: Redis applies HSET's pairs in order
   if #set > 0 then redis.call('HSET', tk, unpack(set)) end
+end
+
+-- Due retries, expired leases and lifted breaker blocks (see lease_next).
+local function maintain_queue(now)
+  promote_due(now, 32)
+  reap(now, 32)
+  unblock_due(now, 32)
 end
 
 -- Lease the next envelope by deficit round robin.
@@ -38,21 +46,17 @@ end
 -- before answering EMPTY, so an idle queue recovers at once.
 local function lease_next(lease_ms, token, budget, now)
   local maintained = false
-  local function maintain()
-    maintained = true
-    promote_due(now, 32)
-    reap(now, 32)
-    unblock_due(now, 32)
-  end
   if now >= MAINT_NEXT then
     redis.call('HSET', P .. ':conf', 'mnext', now + 100)
-    maintain()
+    maintain_queue(now)
+    maintained = true
   end
 
   for _ = 1, budget do
     local t = redis.call('LINDEX', RING, 0)
     if not t and not maintained then
-      maintain()
+      maintain_queue(now)
+      maintained = true
       t = redis.call('LINDEX', RING, 0)
     end
     if not t then
