@@ -1148,7 +1148,7 @@ impl Store {
         worker: &str,
         lease_for: Duration,
     ) -> Result<(Acked, LeaseOutcome)> {
-        let secs = elapsed.as_secs_f64().to_string();
+        let us = elapsed.as_micros().to_string();
         let ms = lease_for.as_millis().max(1).to_string();
         let budget = LEASE_SCAN_BUDGET.to_string();
         let token = lease_token(worker);
@@ -1159,7 +1159,7 @@ impl Store {
                 &[
                     done.id.as_bytes(),
                     done.token.as_bytes(),
-                    secs.as_bytes(),
+                    us.as_bytes(),
                     ms.as_bytes(),
                     token.as_bytes(),
                     budget.as_bytes(),
@@ -1182,12 +1182,12 @@ impl Store {
     /// Acknowledge a delivery that took `elapsed`. Idempotent: a second ack,
     /// or an ack for a lease that expired and moved on, returns false.
     pub async fn ack(&self, lease: &Lease, elapsed: Duration) -> Result<bool> {
-        let secs = elapsed.as_secs_f64().to_string();
+        let us = elapsed.as_micros().to_string();
         let v = self
             .run(
                 Func::Ack,
                 lease.queue,
-                &[lease.id.as_bytes(), lease.token.as_bytes(), secs.as_bytes()],
+                &[lease.id.as_bytes(), lease.token.as_bytes(), us.as_bytes()],
             )
             .await?;
         let items = array("ack", v)?;
@@ -1203,7 +1203,7 @@ impl Store {
         elapsed: Duration,
         failure: &Failure<'_>,
     ) -> Result<NackOutcome> {
-        let secs = elapsed.as_secs_f64().to_string();
+        let us = elapsed.as_micros().to_string();
         let delay = failure.retry_in.unwrap_or_default().as_millis().to_string();
         let flag = |b: bool| if b { "1" } else { "0" };
         let v = self
@@ -1213,7 +1213,7 @@ impl Store {
                 &[
                     lease.id.as_bytes(),
                     lease.token.as_bytes(),
-                    secs.as_bytes(),
+                    us.as_bytes(),
                     delay.as_bytes(),
                     flag(failure.retry_in.is_none()).as_bytes(),
                     failure.cause.as_bytes(),
@@ -1577,7 +1577,7 @@ impl Store {
             state,
             delivered: num(0).unwrap_or(0.0) as u64,
             failed: num(1).unwrap_or(0.0) as u64,
-            estimate_s: num(2),
+            estimate_s: num(2).map(|us| us / 1e6),
             worker_seconds: 0.0,
             queue_worker_seconds: 0.0,
             oldest_enqueued_ms: None,

@@ -1,4 +1,4 @@
--- ARGV: id, token, elapsed_s (the delivery just finished), lease_ms,
+-- ARGV: id, token, elapsed_us (the delivery just finished), lease_ms,
 -- new token, budget. Acks, then leases the next envelope, in one round trip
 -- (what a worker does after each delivery). Returns the ack answer followed
 -- and its breaker change by the lease answer.

@@ -11,10 +11,13 @@
 --   P:weights         HASH  tenant -> weight
 --   P:ring            LIST  active tenants in DRR order (the head is served); a tenant that
 --                           just became active goes to the head for one turn (see activate_fresh)
---   P:t:<tenant>      HASH  d deficit (worker-s), f in flight, r on the ring, k parked at cap,
---                           e estimate (s), b what the fresh turn may still charge, p paused, m moved-to queue,
+--   P:t:<tenant>      HASH  d deficit, f in flight, r on the ring, k parked at cap,
+--                           e estimate, b what the fresh turn may still charge, p paused, m moved-to queue,
 --                           w delayed, h held, n depth (queued, held, delayed or in flight),
---                           ok delivered, ko dead-lettered, bw breakers in use, bl blocked
+--                           ok delivered, ko dead-lettered, bw breakers in use, bl blocked.
+--                           d, e and b are worker-time in whole microseconds, as are a lease's
+--                           charge and the worker-second buckets: integers are far cheaper for
+--                           Redis and Lua to format and parse than 17-digit fractions
 --   P:tenants         SET   every tenant that has had work here (for attribution)
 --   P:q:<tenant>      LIST  the tenant's lane: envelope ids, head first
 --   P:h:<tenant>      LIST  hold buffer while paused
@@ -25,7 +28,7 @@
 --                           (so it is remembered for at least idttl seconds, at most twice that)
 --   P:seq             STRING enqueue sequence
 --   P:leases          ZSET  lease -> deadline ms. A lease is the string
---                           "<charged s>\n<leased ms>\n<id>\n<tenant>\n<worker token>" (no part
+--                           "<charged us>\n<leased ms>\n<id>\n<tenant>\n<worker token>" (no part
 --                           holds a control character); it is also the token the worker holds,
 --                           so ack, nack and release prove the lease with one ZREM
 --   P:delayed         ZSET  id -> retry due ms
@@ -53,8 +56,17 @@ local BR_RATIO, BR_MIN, BR_WINDOW, BR_OPEN
 -- A virtual clock (ms), set only by the capacity simulator (`lanekeeper
 -- simulate`, through Store::set_virtual_clock); nil means Redis TIME.
 local CLOCK
--- The oldest routing-table version a routed enqueue may carry (0: any).
-local MIN_ROUTE
+-- The oldest routing-table version a routed enqueue may carry (0: any),
+-- as stored: only enqueue reads it.
+local MIN_ROUTE_RAW
+
+-- A stored number, or `default` when absent. Absent and '0' (most counters
+-- and flags) skip `tonumber`, which runs strtod twice.
+local function num(s, default)
+  if s == nil or s == false then return default end
+  if s == '0' then return 0 end
+  return tonumber(s) or default
+end
 
 -- The names of each queue's fixed keys, made once per queue (a few
 -- hundred at most) instead of on every call.
@@ -73,8 +85,9 @@ local function parse_policy(raw)
   local num = function(k, default) return tonumber(v[k]) or default end
   local ordered = v.ordered == '1'
   return {
-    quantum = num('quantum', 2.0), ordered = ordered, cap = ordered and 1 or num('cap', 8),
-    weight = num('weight', 1.0), est0 = num('est0', 1.0), maxatt = num('maxatt', 10),
+    -- seconds in the policy, whole microseconds in the scripts
+    quantum = math.floor(num('quantum', 2.0) * 1e6 + 0.5), ordered = ordered, cap = ordered and 1 or num('cap', 8),
+    weight = num('weight', 1.0), est0 = math.floor(num('est0', 1.0) * 1e6 + 0.5), maxatt = num('maxatt', 10),
     idttl = num('idttl', 86400), bratio = num('bratio', 0.5), bmin = num('bmin', 20),
     bwin = num('bwin', 60000), bopen = num('bopen', 30000),
   }
@@ -101,9 +114,9 @@ local function begin(keys)
   QUANTUM, ORDERED, CAP, DEFAULT_WEIGHT, EST0 = pol.quantum, pol.ordered, pol.cap, pol.weight, pol.est0
   MAX_ATTEMPTS, ID_TTL = pol.maxatt, pol.idttl
   BR_RATIO, BR_MIN, BR_WINDOW, BR_OPEN = pol.bratio, pol.bmin, pol.bwin, pol.bopen
-  MAINT_NEXT = tonumber(conf[2]) or 0
-  CLOCK = tonumber(conf[3])
-  MIN_ROUTE = tonumber(conf[4]) or 0
+  MAINT_NEXT = num(conf[2], 0)
+  CLOCK = conf[3] and tonumber(conf[3])
+  MIN_ROUTE_RAW = conf[4]
 end
 
 local function now_ms()
@@ -117,11 +130,12 @@ local function lease_member(charged, at, id, t, token)
   return charged .. '\n' .. at .. '\n' .. id .. '\n' .. t .. '\n' .. token
 end
 
--- The parts of a lease: charged, at, id, tenant; nil if it is not one.
+-- The parts of a lease: charged (us), at (ms, as stored), id, tenant; nil
+-- if it is not one.
 local function parse_lease(member)
   local c, at, id, t = string.match(member, '^([^\n]*)\n([^\n]*)\n([^\n]*)\n([^\n]*)\n')
   if not c then return nil end
-  return tonumber(c) or 0, tonumber(at) or 0, id, t
+  return num(c, 0), at, id, t
 end
 
 -- Take the lease `member` of envelope `id` out of P:leases. Returns its
@@ -171,6 +185,11 @@ local function weight(t)
   return tonumber(redis.call('HGET', P .. ':weights', t)) or DEFAULT_WEIGHT
 end
 
+-- The tenant's quantum (us): the queue's, scaled by its weight.
+local function quantum(t)
+  return math.floor(QUANTUM * weight(t) + 0.5)
+end
+
 -- Put a tenant on the ring, at the head (a fresh turn) or the tail. Every
 -- activation publishes: each wake-up rouses one idle worker task (workers
 -- call notify_one per message), so one per tenant made active brings as
@@ -200,8 +219,8 @@ local function activate_fresh(t)
   local tk = tkey(t)
   local st = redis.call('HMGET', tk, 'r', 'k', 'd', 'bl')
   if st[1] == '1' or st[2] == '1' or st[4] == '1' then return end
-  local q = QUANTUM * weight(t)
-  local d = (tonumber(st[3]) or 0) + q
+  local q = quantum(t)
+  local d = num(st[3], 0) + q
   -- b: what the fresh turn may still charge; refunds at ack do not extend it
   redis.call('HSET', tk, 'r', 1, 'd', d, 'b', q)
   push_active(t, d > 0)
@@ -294,29 +313,30 @@ local function unblock_due(now, limit)
   end
 end
 
--- Settle the worker-seconds actually used against the estimate charged at
+-- Settle the worker-time actually used (us) against the estimate charged at
 -- lease, in one read and one write of the tenant's state. With `free_slot`
 -- the in-flight slot is released (a tenant parked at its cap then rejoins
 -- the ring if it has work). `outcome` counts the envelope: 'delivered',
 -- 'dead' (both leave the depth), 'retry' (waits in the delayed set) or nil.
+-- The counter each outcome adds one to.
+local OUTCOME_COUNTER = { delivered = 'ok', dead = 'ko', retry = 'w' }
+
 local function settle(t, charged, actual, now, free_slot, outcome)
   local tk = tkey(t)
-  local st = redis.call('HMGET', tk, 'e', 'f', 'k', 'd', 'n', 'ok', 'ko', 'w', 'bw', 'bl')
-  local e, f = tonumber(st[1]) or EST0, tonumber(st[2]) or 0
+  local counter = OUTCOME_COUNTER[outcome]
+  local st = redis.call('HMGET', tk, 'e', 'f', 'k', 'd', 'n', 'bw', 'bl', counter or 'e')
+  local e, f = num(st[1], EST0), num(st[2], 0)
   -- only the fields that change are written
-  local set = { 'e', e + 0.3 * (actual - e), 'd', (tonumber(st[4]) or 0) + charged - actual }
+  local set = { 'e', math.floor(e + 0.3 * (actual - e) + 0.5), 'd', num(st[4], 0) + charged - actual }
   local n = #set
   if free_slot then
     f = math.max(f - 1, 0)
     set[n + 1] = 'f'; set[n + 2] = f; n = n + 2
   end
-  if outcome == 'delivered' or outcome == 'dead' then
-    local count = outcome == 'delivered' and 'ok' or 'ko'
-    local cur = tonumber(st[outcome == 'delivered' and 6 or 7]) or 0
-    set[n + 1] = 'n'; set[n + 2] = math.max((tonumber(st[5]) or 0) - 1, 0)
-    set[n + 3] = count; set[n + 4] = cur + 1; n = n + 4
-  elseif outcome == 'retry' then
-    set[n + 1] = 'w'; set[n + 2] = (tonumber(st[8]) or 0) + 1; n = n + 2
+  if counter then
+    set[n + 1] = counter; set[n + 2] = num(st[8], 0) + 1; n = n + 2
+    -- delivered and dead-lettered envelopes leave the depth
+    if counter ~= 'w' then set[n + 1] = 'n'; set[n + 2] = math.max(num(st[5], 0) - 1, 0); n = n + 2 end
   end
   -- a tenant parked at its cap rejoins the ring's tail (unless a breaker
   -- blocks it) in this same write. It was parked with work queued; should
@@ -324,22 +344,20 @@ local function settle(t, charged, actual, now, free_slot, outcome)
   local rejoin = false
   if free_slot and st[3] == '1' and f < CAP then
     set[n + 1] = 'k'; set[n + 2] = 0; n = n + 2
-    if st[10] ~= '1' then
+    if st[7] ~= '1' then
       set[n + 1] = 'r'; set[n + 2] = 1; n = n + 2
       rejoin = true
     end
   end
   redis.call('HSET', tk, unpack(set))
   if rejoin then push_active(t, false) end
-  -- worker-seconds are kept in whole microseconds: integer increments
-  -- cost Redis far less than HINCRBYFLOAT's long-double formatting
-  local us = math.floor(actual * 1e6 + 0.5)
+  local us = math.floor(actual + 0.5)
   if us > 0 then
     local bucket = P .. ':ws:' .. math.floor(now / 10000)
     -- the first write to a bucket is always a tenant's first in it: set the TTL then
     if redis.call('HINCRBY', bucket, t, us) == us then redis.call('EXPIRE', bucket, 7200) end
   end
-  return tonumber(st[9]) or 0
+  return num(st[6], 0)
 end
 
 -- Record the dead letter; the caller has counted it (settle 'dead').
@@ -393,7 +411,7 @@ local function reap(now, limit)
     if m and m[2] then
       local a = redis.call('HINCRBY', ek, 'a', 1)
       local dead = a >= MAX_ATTEMPTS
-      local bw = settle(t, c, (now - at) / 1000, now, true, dead and 'dead' or nil)
+      local bw = settle(t, c, (now - num(at, now)) * 1000, now, true, dead and 'dead' or nil)
       breaker_record(t, m[3], true, bw, now)
       if dead then
         dead_letter(id, t, a, 'lease expired ' .. a .. ' times without an ack (worker died or hung)', now, m[2])

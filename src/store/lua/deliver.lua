@@ -18,7 +18,7 @@ local function reposition(t, tk, d, f, charged, budget, set)
   elseif d <= 0 then
     -- turn over: next turn's quantum, to the tail of the ring
     redis.call('LMOVE', RING, RING, 'LEFT', 'RIGHT')
-    set[n + 1] = 'd'; set[n + 2] = d + QUANTUM * weight(t); set[n + 3] = 'b'; set[n + 4] = 0
+    set[n + 1] = 'd'; set[n + 2] = d + quantum(t); set[n + 3] = 'b'; set[n + 4] = 0
   elseif budget > 0 and charged > 0 then
     -- a fresh turn: spent (refunds do not extend it), it goes on to the
     -- ring's tail with the credit it has left
@@ -53,11 +53,11 @@ local function lease_next(lease_ms, token, budget, now)
   end
 
   for _ = 1, budget do
-    local t = redis.call('LINDEX', RING, 0)
+    local t = redis.call('LINDEX', RING, '0')
     if not t and not maintained then
       maintain_queue(now)
       maintained = true
-      t = redis.call('LINDEX', RING, 0)
+      t = redis.call('LINDEX', RING, '0')
     end
     if not t then
       local wait = 1000
@@ -71,12 +71,12 @@ local function lease_next(lease_ms, token, budget, now)
     end
     local tk = tkey(t)
     local st = redis.call('HMGET', tk, 'd', 'f', 'e', 'bw', 'b')
-    local d, f, e, b = tonumber(st[1]) or 0, tonumber(st[2]) or 0, tonumber(st[3]) or EST0, tonumber(st[5]) or 0
+    local d, f, e, b = num(st[1], 0), num(st[2], 0), num(st[3], EST0), num(st[5], 0)
     local id = d > 0 and f < CAP and redis.call('LPOP', lane(t))
     local env, pass, change = nil, true, ''
     if id then
       env = redis.call('HMGET', ekey(id), 'p', 'a', 's', 'n', 'ep')
-      if env[1] and (tonumber(st[4]) or 0) > 0 and env[5] and env[5] ~= '' then
+      if env[1] and num(st[4], 0) > 0 and env[5] and env[5] ~= '' then
         pass, change = breaker_gate(t, env[5], now)
       end
     end

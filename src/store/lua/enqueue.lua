@@ -17,9 +17,10 @@ local n = math.floor(#ARGV / 5)
 -- table. Without it (tests, the simulator, a hold buffer's import) nothing
 -- is checked.
 local routed = tonumber(ARGV[5 * n + 1]) or 0
-if routed > 0 and routed < MIN_ROUTE then
+local min_route = num(MIN_ROUTE_RAW, 0)
+if routed > 0 and routed < min_route then
   local out = {}
-  for k = 1, n do out[#out + 1] = 'STALE'; out[#out + 1] = MIN_ROUTE end
+  for k = 1, n do out[#out + 1] = 'STALE'; out[#out + 1] = min_route end
   return out
 end
 local now = now_ms()

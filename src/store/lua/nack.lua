@@ -1,4 +1,4 @@
--- ARGV: id, token, elapsed_s, delay_ms, dead (0|1), cause, endpoint failure (0|1:
+-- ARGV: id, token, elapsed_us, delay_ms, dead (0|1), cause, endpoint failure (0|1:
 -- counts against the endpoint's circuit breaker).
 -- Returns {'RETRY', attempts, due_ms, breaker change} | {'DEAD', attempts, 0, breaker change} | {'STALE'}.
 -- A retry waits in the delayed set; in PerTenant ordering it keeps the

@@ -5,6 +5,7 @@
 local id, token = ARGV[1], ARGV[2]
 local charged, t = end_lease(id, token)
 if not charged then return 'STALE' end
+-- HINCRBYFLOAT, not HINCRBY: a deficit written by an older library version may be a fraction
 redis.call('HINCRBYFLOAT', tkey(t), 'd', charged)
 release(t)
 return_to_head({ { t, tonumber(redis.call('HGET', ekey(id), 's')), id } })
