@@ -60,6 +60,20 @@ local CLOCK
 -- as stored: only enqueue reads it.
 local MIN_ROUTE_RAW
 
+-- A small whole number (a count or a flag) as a string argument, made once
+-- and kept. Redis formats every number argument of a call with "%.17g",
+-- which costs more than many commands; any other number goes as it is
+-- (formatting it in Lua costs as much).
+local SMALL_INT = {}
+local function istr(n)
+  local s = SMALL_INT[n]
+  if s then return s end
+  if n < 0 or n > 4096 or n % 1 ~= 0 then return n end
+  s = tostring(n)
+  SMALL_INT[n] = s
+  return s
+end
+
 -- A stored number, or `default` when absent. Absent and '0' (most counters
 -- and flags) skip `tonumber`, which runs strtod twice.
 local function num(s, default)
@@ -331,7 +345,7 @@ local function settle(t, charged, actual, now, free_slot, outcome)
   local n = #set
   if free_slot then
     f = math.max(f - 1, 0)
-    set[n + 1] = 'f'; set[n + 2] = f; n = n + 2
+    set[n + 1] = 'f'; set[n + 2] = istr(f); n = n + 2
   end
   if counter then
     set[n + 1] = counter; set[n + 2] = num(st[8], 0) + 1; n = n + 2
@@ -343,9 +357,9 @@ local function settle(t, charged, actual, now, free_slot, outcome)
   -- its lane be empty now, its next turn finds that and takes it off.
   local rejoin = false
   if free_slot and st[3] == '1' and f < CAP then
-    set[n + 1] = 'k'; set[n + 2] = 0; n = n + 2
+    set[n + 1] = 'k'; set[n + 2] = '0'; n = n + 2
     if st[7] ~= '1' then
-      set[n + 1] = 'r'; set[n + 2] = 1; n = n + 2
+      set[n + 1] = 'r'; set[n + 2] = '1'; n = n + 2
       rejoin = true
     end
   end

@@ -9,16 +9,16 @@ local function reposition(t, tk, d, f, charged, budget, set)
   if redis.call('LLEN', lane(t)) == 0 then
     -- idle: leaves the ring and keeps no credit (debt stays)
     redis.call('LPOP', RING)
-    set[n + 1] = 'r'; set[n + 2] = 0; set[n + 3] = 'd'; set[n + 4] = math.min(d, 0)
-    set[n + 5] = 'b'; set[n + 6] = 0
+    set[n + 1] = 'r'; set[n + 2] = '0'; set[n + 3] = 'd'; set[n + 4] = math.min(d, 0)
+    set[n + 5] = 'b'; set[n + 6] = '0'
   elseif f >= CAP then
     -- at its cap: parked off the ring until a slot frees, so it is not rescanned
     redis.call('LPOP', RING)
-    set[n + 1] = 'r'; set[n + 2] = 0; set[n + 3] = 'k'; set[n + 4] = 1; set[n + 5] = 'b'; set[n + 6] = 0
+    set[n + 1] = 'r'; set[n + 2] = '0'; set[n + 3] = 'k'; set[n + 4] = '1'; set[n + 5] = 'b'; set[n + 6] = '0'
   elseif d <= 0 then
     -- turn over: next turn's quantum, to the tail of the ring
     redis.call('LMOVE', RING, RING, 'LEFT', 'RIGHT')
-    set[n + 1] = 'd'; set[n + 2] = d + quantum(t); set[n + 3] = 'b'; set[n + 4] = 0
+    set[n + 1] = 'd'; set[n + 2] = d + quantum(t); set[n + 3] = 'b'; set[n + 4] = '0'
   elseif budget > 0 and charged > 0 then
     -- a fresh turn: spent (refunds do not extend it), it goes on to the
     -- ring's tail with the credit it has left
@@ -75,9 +75,11 @@ local function lease_next(lease_ms, token, budget, now)
     local id = d > 0 and f < CAP and redis.call('LPOP', lane(t))
     local env, pass, change = nil, true, ''
     if id then
-      env = redis.call('HMGET', ekey(id), 'p', 'a', 's', 'n', 'ep')
-      if env[1] and num(st[4], 0) > 0 and env[5] and env[5] ~= '' then
-        pass, change = breaker_gate(t, env[5], now)
+      env = redis.call('HMGET', ekey(id), 'p', 'a', 's', 'n')
+      -- the endpoint matters only to a tenant with breakers in use
+      if env[1] and num(st[4], 0) > 0 then
+        local ep = redis.call('HGET', ekey(id), 'ep')
+        if ep and ep ~= '' then pass, change = breaker_gate(t, ep, now) end
       end
     end
     if id and pass ~= true then
@@ -98,11 +100,12 @@ local function lease_next(lease_ms, token, budget, now)
         reposition(t, tk, d, f, 0, b, {})
       else
         local deadline = now + lease_ms
-        local member = lease_member(e, now, id, t, token)
+        -- the estimate as stored, when it is: no number to format
+        local member = lease_member(st[3] or e, now, id, t, token)
         redis.call('ZADD', LEASES, deadline, member)
         d = d - e
         f = f + 1
-        reposition(t, tk, d, f, e, b, { 'd', d, 'f', f })
+        reposition(t, tk, d, f, e, b, { 'd', d, 'f', istr(f) })
         return { 'LEASED', id, t, env[1], env[2], env[3], member, deadline, env[4], change }
       end
     else
