@@ -65,12 +65,23 @@ pub struct Rate {
 }
 
 /// Run `phase`, which performs `ops` operations, and measure it.
+/// With `BENCH_COMMANDSTATS=1`, also prints the phase's `INFO
+/// commandstats` (reset before it) per operation, indented, before the
+/// caller prints the phase's rate: what its script calls cost, without the
+/// setup around it.
 pub async fn measure<F: std::future::Future<Output = ()>>(url: &str, ops: u64, phase: F) -> Rate {
+    let stats = std::env::var_os("BENCH_COMMANDSTATS").is_some();
+    if stats {
+        redis_admin(url, &["CONFIG", "RESETSTAT"]).await;
+    }
     let cpu0 = redis_cpu(url).await;
     let started = Instant::now();
     phase.await;
     let wall = started.elapsed().as_secs_f64();
     let cpu = redis_cpu(url).await - cpu0;
+    if stats {
+        print_commandstats(&redis_admin(url, &["INFO", "commandstats"]).await, ops);
+    }
     Rate {
         per_s: ops as f64 / wall,
         redis_us: cpu * 1e6 / ops as f64,
@@ -97,7 +108,11 @@ pub async fn fair(url: &str, tenants: u64) -> Rate {
     for _ in 0..CLIENTS {
         clients.push(connect(url, &set).await);
     }
-    measure(url, CYCLES, run_fair(clients)).await
+    let rate = measure(url, CYCLES, run_fair(clients)).await;
+    // What the run left queued would only grow the keyspace the next
+    // run works in.
+    admin.purge_set().await.unwrap();
+    rate
 }
 
 async fn run_fair(clients: Vec<Store>) {
@@ -130,18 +145,52 @@ async fn run_fair(clients: Vec<Store>) {
     }
 }
 
+async fn redis_admin(url: &str, args: &[&str]) -> String {
+    let client = redis::Client::open(url).unwrap();
+    let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+    let mut cmd = redis::cmd(args[0]);
+    for a in &args[1..] {
+        cmd.arg(*a);
+    }
+    match cmd.query_async(&mut conn).await.unwrap() {
+        redis::Value::SimpleString(s) => s,
+        v => redis::from_redis_value(v).unwrap(),
+    }
+}
+
+/// Each command's calls and microseconds per operation of the phase,
+/// costliest first (commands run by scripts are counted on their own and
+/// inside the FCALL that ran them).
+fn print_commandstats(info: &str, ops: u64) {
+    let mut rows: Vec<(String, f64, f64)> = info
+        .lines()
+        .filter_map(|l| l.strip_prefix("cmdstat_"))
+        .filter_map(|l| {
+            let (name, rest) = l.split_once(':')?;
+            let field = |k: &str| -> Option<f64> {
+                rest.split(',')
+                    .find_map(|kv| kv.strip_prefix(k)?.strip_prefix('=')?.parse().ok())
+            };
+            Some((name.to_string(), field("calls")?, field("usec")?))
+        })
+        .collect();
+    rows.sort_by(|a, b| b.2.total_cmp(&a.2));
+    for (name, calls, usec) in rows {
+        println!(
+            "    {name:<16} {:>6.2} calls/op {:>7.2} us/op",
+            calls / ops as f64,
+            usec / ops as f64
+        );
+    }
+}
+
 /// CPU seconds the Redis server has used so far (user + system), from
 /// `INFO cpu`: the difference over a phase says how much of the phase's
 /// time the single Redis thread was busy.
 pub async fn redis_cpu(url: &str) -> f64 {
-    let client = redis::Client::open(url).unwrap();
-    let mut conn = client.get_multiplexed_async_connection().await.unwrap();
-    let info: String = redis::cmd("INFO")
-        .arg("cpu")
-        .query_async(&mut conn)
+    redis_admin(url, &["INFO", "cpu"])
         .await
-        .unwrap();
-    info.lines()
+        .lines()
         .filter_map(|l| l.split_once(':'))
         .filter(|(k, _)| *k == "used_cpu_user" || *k == "used_cpu_sys")
         .map(|(_, v)| v.trim().parse::<f64>().unwrap())

@@ -53,6 +53,8 @@ for k = 1, n do
   end
 end
 local fresh_id = claim_ids(candidates, now)
+-- formatted once for the batch, not by Redis for every envelope
+local now_s = tostring(now)
 
 local out = {}
 for k = 1, n do
@@ -69,7 +71,7 @@ for k = 1, n do
     fresh_id[id] = nil -- the same id twice in one batch is stored once
     local seq = seq0 + k
     -- attempts ('a') are absent until the first failure
-    redis.call('HSET', ekey(id), 't', t, 's', seq, 'p', payload, 'n', now, 'ep', ep)
+    redis.call('HSET', ekey(id), 't', t, 's', seq, 'p', payload, 'n', now_s, 'ep', ep)
     if ts.paused then
       ts.held[#ts.held + 1] = id
       out[#out + 1] = 'HELD'
