@@ -320,6 +320,75 @@ async fn in_flight_cap_holds_under_eight_concurrent_clients() {
 }
 
 #[tokio::test]
+async fn a_changed_policy_applies_at_the_next_call() {
+    // The scripts keep each parsed policy string; a new one must still be
+    // read at once, and an unconfigured queue runs on the defaults.
+    let cap = |max_in_flight| QueuePolicy {
+        max_in_flight,
+        ..Default::default()
+    };
+    let s = store(cap(2)).await;
+    fill(&s, Q, "acme", 5).await;
+    let mut held = Vec::new();
+    while let Some(l) = lease(&s, Q).await {
+        held.push(l);
+    }
+    assert_eq!(held.len(), 2, "cap 2");
+    s.configure_queue(Q, &cap(3)).await.unwrap();
+    // a tenant parked at its cap rejoins when a slot frees, under the new cap
+    assert!(s
+        .ack(&held.pop().unwrap(), Duration::from_millis(5))
+        .await
+        .unwrap());
+    held.extend(lease(&s, Q).await);
+    held.extend(lease(&s, Q).await);
+    assert_eq!(held.len(), 3, "the raised cap lets three out at once");
+    assert!(lease(&s, Q).await.is_none(), "and no more");
+    let ordered = QueuePolicy {
+        ordered: true,
+        ..Default::default()
+    };
+    s.configure_queue(Q, &ordered).await.unwrap();
+    for l in held.drain(..) {
+        assert!(s.ack(&l, Duration::from_millis(5)).await.unwrap());
+    }
+    let one = lease(&s, Q).await.expect("work left");
+    assert!(
+        lease(&s, Q).await.is_none(),
+        "PerTenant ordering means one in flight"
+    );
+    assert!(s.ack(&one, Duration::from_millis(5)).await.unwrap());
+
+    // The policy as the scripts read it: one packed field.
+    let fresh = store(QueuePolicy::default()).await;
+    let conf = format!("{}:conf", fresh.queue_prefix(Q));
+    let client = redis::Client::open(support::redis::shared().url.as_str()).unwrap();
+    let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+    let packed: String = redis::cmd("HGET")
+        .arg(&conf)
+        .arg("policy")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert!(
+        packed.contains("cap=8") && packed.contains("ordered=0"),
+        "{packed}"
+    );
+    // Without it (a queue nobody configured) the defaults apply: cap 8.
+    let _: () = redis::cmd("DEL")
+        .arg(&conf)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    fill(&fresh, Q, "bare", 10).await;
+    let mut n = 0;
+    while lease(&fresh, Q).await.is_some() {
+        n += 1;
+    }
+    assert_eq!(n, 8, "default cap");
+}
+
+#[tokio::test]
 async fn expired_leases_return_to_the_head_in_order() {
     let s = store(QueuePolicy::default()).await;
     for i in 0..5 {

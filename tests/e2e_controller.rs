@@ -501,8 +501,13 @@ fn shardset_on_a_redis_cluster_is_synced_and_ready() {
         );
         let slot = redis.keyslot(&conf);
         let owner = redis.primary_of(slot);
-        let quantum = redis.cli(owner.port, &["HGET", &conf, "quantum"]);
-        assert!(!quantum.trim().is_empty(), "{conf} on {}", owner.port);
+        // the packed field the scripts read (see common.lua)
+        let policy = redis.cli(owner.port, &["HGET", &conf, "policy"]);
+        assert!(
+            policy.contains("quantum=") && policy.contains("cap="),
+            "{conf} on {}: {policy:?}",
+            owner.port
+        );
     }
     let ds = deployments(cp, &ns, "rc");
     assert_eq!(ds.len(), 3);
