@@ -389,6 +389,48 @@ async fn a_changed_policy_applies_at_the_next_call() {
 }
 
 #[tokio::test]
+async fn state_left_by_the_previous_library_version_does_not_break_delivery() {
+    // The previous version kept worker-time in fractional seconds: a
+    // deficit and an estimate as floats, and worker-seconds buckets filled
+    // by HINCRBYFLOAT under `ws:`. During a rolling upgrade both versions
+    // work on one queue; the current one must keep delivering.
+    let s = store(QueuePolicy::default()).await;
+    let p = s.queue_prefix(Q);
+    let client = redis::Client::open(support::redis::shared().url.as_str()).unwrap();
+    let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+    let (secs, _us): (u64, u64) = redis::cmd("TIME").query_async(&mut conn).await.unwrap();
+    for b in [secs / 10, secs / 10 + 1] {
+        let _: () = redis::cmd("HSET")
+            .arg(format!("{p}:ws:{b}"))
+            .arg("acme")
+            .arg("0.0213")
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+    }
+    fill(&s, Q, "acme", 2).await;
+    let _: () = redis::cmd("HSET")
+        .arg(format!("{p}:t:acme"))
+        .arg(&["d", "0.75", "e", "0.0213"])
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let first = lease(&s, Q).await.expect("leased despite float state");
+    let (acked, next) = s
+        .ack_and_lease(&first, Duration::from_millis(30), "w1", LEASE)
+        .await
+        .unwrap();
+    assert!(acked.acked);
+    let LeaseOutcome::Leased(second) = next else {
+        panic!("second envelope: {next:?}")
+    };
+    assert!(s.ack(&second, Duration::from_millis(10)).await.unwrap());
+    let stats = s.tenant_stats(Q, Duration::from_secs(60)).await.unwrap();
+    assert_eq!(stats[0].delivered, 2);
+    assert!((stats[0].worker_seconds - 0.04).abs() < 1e-9, "{stats:?}");
+}
+
+#[tokio::test]
 async fn expired_leases_return_to_the_head_in_order() {
     let s = store(QueuePolicy::default()).await;
     for i in 0..5 {

@@ -1454,7 +1454,7 @@ impl Store {
                 .arg(&["n", "ok", "ko"]);
         }
         for b in 0..buckets {
-            pipe.hgetall(format!("{p}:ws:{}", newest.saturating_sub(b)));
+            pipe.hgetall(format!("{p}:wsu:{}", newest.saturating_sub(b)));
         }
         let replies: Vec<Value> = pipe.query_async(&mut conn).await?;
         let (counters, windows) = replies.split_at(tenants.len().min(replies.len()));
@@ -1557,7 +1557,7 @@ impl Store {
             .arg(&["ok", "ko", "e"]);
         pipe.cmd("LINDEX").arg(format!("{p}:q:{tenant}")).arg(0);
         for b in 0..buckets {
-            pipe.hgetall(format!("{p}:ws:{}", newest.saturating_sub(b)));
+            pipe.hgetall(format!("{p}:wsu:{}", newest.saturating_sub(b)));
         }
         let replies: Vec<Value> = pipe.query_async(&mut conn).await?;
         let bad = |detail: String| StoreError::Protocol {

@@ -33,7 +33,9 @@
 --                           so ack, nack and release prove the lease with one ZREM
 --   P:delayed         ZSET  id -> retry due ms
 --   P:dead            LIST  dead letters (JSON)
---   P:ws:<bucket>     HASH  tenant -> worker-microseconds (integer) in a 10 s bucket (expires)
+--   P:wsu:<bucket>    HASH  tenant -> worker-microseconds (integer) in a 10 s bucket (expires);
+--                           library versions before it kept seconds in P:ws:<bucket> with
+--                           HINCRBYFLOAT: a new name, so the two never meet in one field
 --   P:br:<len>:<tenant>:<endpoint>
 --                     HASH  circuit breaker: s closed|open|half, u until ms, ws window start,
 --                           n requests, x failures (absent while closed and healthy)
@@ -367,7 +369,7 @@ local function settle(t, charged, actual, now, free_slot, outcome)
   if rejoin then push_active(t, false) end
   local us = math.floor(actual + 0.5)
   if us > 0 then
-    local bucket = P .. ':ws:' .. math.floor(now / 10000)
+    local bucket = P .. ':wsu:' .. math.floor(now / 10000)
     -- the first write to a bucket is always a tenant's first in it: set the TTL then
     if redis.call('HINCRBY', bucket, t, us) == us then redis.call('EXPIRE', bucket, 7200) end
   end
