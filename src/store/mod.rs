@@ -1756,20 +1756,11 @@ impl Store {
     }
 }
 
-/// A lease token, unique per lease, so a late ack from an expired holder is
-/// told apart: the worker's name and 128 random bits.
-///
-/// The length matters to Redis too. The token ends the lease's member in
-/// the queue's `leases` ZSET, and 32 hex digits keep every member longer
-/// than Redis's default `zset-max-listpack-value` (64 bytes), so the ZSET
-/// is a skiplist from its first lease. As a listpack (short tenant, id and
-/// worker names, under 128 leases), every ZADD and ZREM reallocates and
-/// moves the whole list: with 50 leases in flight that cost 6% more
-/// instructions per lease+ack cycle (callgrind, `docs/architecture.md`).
+/// A lease token, unique per lease, so a late ack from an expired holder is told apart.
 fn lease_token(worker: &str) -> String {
     // The lease as stored separates its parts by newlines (see common.lua).
     let worker: String = worker.chars().filter(|c| !c.is_control()).collect();
-    format!("{worker}:{:032x}", rand::random::<u128>())
+    format!("{worker}:{:016x}", rand::random::<u64>())
 }
 
 fn parse_lease(q: QueueId, items: &[Value]) -> Result<LeaseOutcome> {
