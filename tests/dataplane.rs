@@ -22,6 +22,13 @@ async fn store(policy: QueuePolicy) -> Store {
     support::dataplane::store(&support::redis::shared().url, policy).await
 }
 
+/// A plain connection to the shared Redis, for writing or reading keys
+/// behind the store's back.
+async fn raw_conn() -> redis::aio::MultiplexedConnection {
+    let client = redis::Client::open(support::redis::shared().url.as_str()).unwrap();
+    client.get_multiplexed_async_connection().await.unwrap()
+}
+
 #[tokio::test]
 async fn enqueue_lease_ack_round_trip_and_idempotency() {
     let s = store(QueuePolicy::default()).await;
@@ -125,8 +132,7 @@ async fn bad_input_is_refused_naming_the_field() {
 async fn corrupt_stored_envelope_is_dead_lettered_not_fatal() {
     let s = store(QueuePolicy::default()).await;
     // Write a record the way a bug or a manual edit might: not an Envelope.
-    let client = redis::Client::open(support::redis::shared().url.as_str()).unwrap();
-    let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+    let mut conn = raw_conn().await;
     s.enqueue(Q, &env("acme", 1)).await.unwrap();
     let key = format!("{}:e:acme-1", s.queue_prefix(Q));
     let _: () = redis::cmd("HSET")
@@ -362,8 +368,7 @@ async fn a_changed_policy_applies_at_the_next_call() {
     // The policy as the scripts read it: one packed field.
     let fresh = store(QueuePolicy::default()).await;
     let conf = format!("{}:conf", fresh.queue_prefix(Q));
-    let client = redis::Client::open(support::redis::shared().url.as_str()).unwrap();
-    let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+    let mut conn = raw_conn().await;
     let packed: String = redis::cmd("HGET")
         .arg(&conf)
         .arg("policy")
@@ -396,8 +401,7 @@ async fn state_left_by_the_previous_library_version_does_not_break_delivery() {
     // work on one queue; the current one must keep delivering.
     let s = store(QueuePolicy::default()).await;
     let p = s.queue_prefix(Q);
-    let client = redis::Client::open(support::redis::shared().url.as_str()).unwrap();
-    let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+    let mut conn = raw_conn().await;
     let (secs, _us): (u64, u64) = redis::cmd("TIME").query_async(&mut conn).await.unwrap();
     for b in [secs / 10, secs / 10 + 1] {
         let _: () = redis::cmd("HSET")

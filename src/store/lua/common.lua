@@ -97,15 +97,15 @@ local QUEUE_KEYS = {}
 local POLICIES, POLICY_COUNT = {}, 0
 local function parse_policy(raw)
   local v = {}
-  for k, x in string.gmatch(raw or '', '(%w+)=(%S+)') do v[k] = x end
-  local num = function(k, default) return tonumber(v[k]) or default end
+  for k, x in string.gmatch(raw, '(%w+)=(%S+)') do v[k] = x end
+  local field = function(k, default) return tonumber(v[k]) or default end
   local ordered = v.ordered == '1'
   return {
     -- seconds in the policy, whole microseconds in the scripts
-    quantum = math.floor(num('quantum', 2.0) * 1e6 + 0.5), ordered = ordered, cap = ordered and 1 or num('cap', 8),
-    weight = num('weight', 1.0), est0 = math.floor(num('est0', 1.0) * 1e6 + 0.5), maxatt = num('maxatt', 10),
-    idttl = num('idttl', 86400), bratio = num('bratio', 0.5), bmin = num('bmin', 20),
-    bwin = num('bwin', 60000), bopen = num('bopen', 30000),
+    quantum = math.floor(field('quantum', 2.0) * 1e6 + 0.5), ordered = ordered, cap = ordered and 1 or field('cap', 8),
+    weight = field('weight', 1.0), est0 = math.floor(field('est0', 1.0) * 1e6 + 0.5), maxatt = field('maxatt', 10),
+    idttl = field('idttl', 86400), bratio = field('bratio', 0.5), bmin = field('bmin', 20),
+    bwin = field('bwin', 60000), bopen = field('bopen', 30000),
   }
 end
 
@@ -329,14 +329,14 @@ local function unblock_due(now, limit)
   end
 end
 
+-- The counter each outcome adds one to.
+local OUTCOME_COUNTER = { delivered = 'ok', dead = 'ko', retry = 'w' }
+
 -- Settle the worker-time actually used (us) against the estimate charged at
 -- lease, in one read and one write of the tenant's state. With `free_slot`
 -- the in-flight slot is released (a tenant parked at its cap then rejoins
 -- the ring if it has work). `outcome` counts the envelope: 'delivered',
 -- 'dead' (both leave the depth), 'retry' (waits in the delayed set) or nil.
--- The counter each outcome adds one to.
-local OUTCOME_COUNTER = { delivered = 'ok', dead = 'ko', retry = 'w' }
-
 local function settle(t, charged, actual, now, free_slot, outcome)
   local tk = tkey(t)
   local counter = OUTCOME_COUNTER[outcome]

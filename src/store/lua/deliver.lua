@@ -75,10 +75,11 @@ local function lease_next(lease_ms, token, budget, now)
     local id = d > 0 and f < CAP and redis.call('LPOP', lane(t))
     local env, pass, change = nil, true, ''
     if id then
-      env = redis.call('HMGET', ekey(id), 'p', 'a', 's', 'n')
+      local ek = ekey(id)
+      env = redis.call('HMGET', ek, 'p', 'a', 's', 'n')
       -- the endpoint matters only to a tenant with breakers in use
       if env[1] and num(st[4], 0) > 0 then
-        local ep = redis.call('HGET', ekey(id), 'ep')
+        local ep = redis.call('HGET', ek, 'ep')
         if ep and ep ~= '' then pass, change = breaker_gate(t, ep, now) end
       end
     end
@@ -90,7 +91,6 @@ local function lease_next(lease_ms, token, budget, now)
       redis.call('HSET', tk, 'r', 0, 'bl', 1, 'b', 0)
       redis.call('ZADD', BLOCKED, pass, t)
     elseif id then
-      local ek = ekey(id)
       if not env[1] then
         -- an id without its record cannot be delivered; say so instead of dropping it silently
         redis.call('RPUSH', P .. ':dead', cjson.encode({ id = id, tenant = t, attempts = 0,
