@@ -39,6 +39,24 @@ pub struct QueuePolicy {
     pub idempotency_window: Duration,
     /// Circuit breaker, per tenant endpoint, shared by the queue's workers.
     pub breaker: BreakerPolicy,
+    /// Dead-letter retention, per tenant.
+    pub dead_letters: DeadLetterPolicy,
+}
+
+/// How many dead letters a tenant keeps in a queue, and for how long.
+#[derive(Clone, Debug, PartialEq)]
+pub struct DeadLetterPolicy {
+    pub max_per_tenant: u64,
+    pub max_age: Duration,
+}
+
+impl Default for DeadLetterPolicy {
+    fn default() -> Self {
+        Self {
+            max_per_tenant: 100_000,
+            max_age: Duration::from_secs(7 * 24 * 3600),
+        }
+    }
 }
 
 /// When an endpoint's breaker opens and how long it stays open.
@@ -76,6 +94,7 @@ impl Default for QueuePolicy {
             max_attempts: 10,
             idempotency_window: Duration::from_secs(24 * 3600),
             breaker: BreakerPolicy::default(),
+            dead_letters: DeadLetterPolicy::default(),
         }
     }
 }
@@ -101,6 +120,10 @@ impl QueuePolicy {
                 min_requests: spec.delivery.breaker.min_requests.max(1) as u32,
                 window: spec.delivery.breaker.window.into(),
                 open_for: spec.delivery.breaker.open_for.into(),
+            },
+            dead_letters: DeadLetterPolicy {
+                max_per_tenant: spec.delivery.dead_letters.max_per_tenant.max(1) as u64,
+                max_age: spec.delivery.dead_letters.max_age.into(),
             },
             ..Self::default()
         }

@@ -78,6 +78,10 @@ pub struct WorkerMetrics {
     pub deliveries: Family<OutcomeLabels, Counter>,
     pub breaker_changes: Family<BreakerLabels, Counter>,
     pub in_flight: Family<QueueLabels, Gauge>,
+    /// Dead letters the queue's retention bound has dropped, all tenants, as
+    /// the queue counts them in Redis (every worker of the queue reports the
+    /// same figure: aggregate with `max by (queue)`).
+    pub dead_letters_dropped: Family<QueueLabels, Gauge>,
 }
 
 impl WorkerMetrics {
@@ -90,6 +94,7 @@ impl WorkerMetrics {
         let deliveries = Family::<OutcomeLabels, Counter>::default();
         let breaker_changes = Family::<BreakerLabels, Counter>::default();
         let in_flight = Family::<QueueLabels, Gauge>::default();
+        let dead_letters_dropped = Family::<QueueLabels, Gauge>::default();
         registry.register(
             "lanekeeper_queue_wait_seconds",
             "Time from enqueue to lease, per tenant (capped; the rest are tenant=\"other\")",
@@ -115,6 +120,11 @@ impl WorkerMetrics {
             "Deliveries in flight",
             in_flight.clone(),
         );
+        registry.register(
+            "lanekeeper_dead_letters_dropped",
+            "Dead letters the queue's retention bound (delivery.deadLetters) has dropped, all tenants; read from Redis",
+            dead_letters_dropped.clone(),
+        );
         Self {
             registry: Arc::new(registry),
             tenants: Arc::default(),
@@ -124,6 +134,7 @@ impl WorkerMetrics {
             deliveries,
             breaker_changes,
             in_flight,
+            dead_letters_dropped,
         }
     }
 

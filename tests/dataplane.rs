@@ -134,7 +134,7 @@ async fn corrupt_stored_envelope_is_dead_lettered_not_fatal() {
     // Write a record the way a bug or a manual edit might: not an Envelope.
     let mut conn = raw_conn().await;
     s.enqueue(Q, &env("acme", 1)).await.unwrap();
-    let key = format!("{}:e:acme-1", s.queue_prefix(Q));
+    let key = lanekeeper::store::keys::envelope(&s.queue_prefix(Q), "acme", "acme-1");
     let _: () = redis::cmd("HSET")
         .arg(&key)
         .arg("p")
@@ -157,7 +157,7 @@ async fn corrupt_stored_envelope_is_dead_lettered_not_fatal() {
             breaker: None
         }
     );
-    let dead = s.dead_letters(Q, 10).await.unwrap();
+    let dead = s.dead_letters(Q, "acme", None, 10).await.unwrap().letters;
     assert_eq!(dead.len(), 1);
     assert!(
         dead[0].cause.starts_with("corrupt envelope"),
@@ -514,7 +514,7 @@ async fn nack_retries_with_backoff_then_dead_letters() {
             breaker: None
         }
     );
-    let dead = s.dead_letters(Q, 10).await.unwrap();
+    let dead = s.dead_letters(Q, "acme", None, 10).await.unwrap().letters;
     assert_eq!(dead[0].cause, "HTTP 410 Gone");
     assert_eq!(dead[0].attempts, 3);
     let stats = s.tenant_stats(Q, Duration::from_secs(60)).await.unwrap();

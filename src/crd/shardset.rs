@@ -227,7 +227,7 @@ pub struct SchedulerSpec {
     /// Worker-seconds of credit an active tenant of weight 1 earns per round.
     /// Larger quanta mean fewer ring rotations, coarser interleaving.
     #[serde(default = "default_quantum")]
-    #[x_kube(validation = Rule::new("self > 0.0 && self <= 3600.0").message("scheduler.quantumSeconds must be greater than 0 and at most 3600"))]
+    #[x_kube(validation = Rule::new("self >= 0.01 && self <= 3600.0").message("scheduler.quantumSeconds must be at least 0.01 (10 ms) and at most 3600: a smaller quantum takes thousands of ring turns per lease"))]
     pub quantum_seconds: f64,
 
     /// Most envelopes of one tenant leased at once in one queue. A tenant at its
@@ -238,7 +238,7 @@ pub struct SchedulerSpec {
 
     /// Weight of tenants not listed in `weights` or `tierWeights`.
     #[serde(default = "default_weight")]
-    #[x_kube(validation = Rule::new("self > 0.0 && self <= 1000.0").message("scheduler.defaultWeight must be greater than 0 and at most 1000"))]
+    #[x_kube(validation = Rule::new("self >= 0.01 && self <= 1000.0").message("scheduler.defaultWeight must be at least 0.01 and at most 1000"))]
     pub default_weight: f64,
 
     /// Per-tenant weights; a tenant's quantum is scaled by its weight.
@@ -283,7 +283,8 @@ impl Default for SchedulerSpec {
     }
 }
 
-/// A tenant's scheduling weight. Weights are positive: no tenant starves to zero.
+/// A tenant's scheduling weight, at least 0.01: no tenant starves to zero, and
+/// its quantum (quantumSeconds x weight) is at least 100 µs.
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
 #[serde(rename_all = "camelCase")]
 pub struct TenantWeight {
@@ -291,8 +292,8 @@ pub struct TenantWeight {
     #[x_kube(validation = Rule::new("self != ''").message("tenant must not be empty"))]
     #[schemars(length(max = 128))]
     pub tenant: String,
-    /// Weight, greater than 0 and at most 1000.
-    #[x_kube(validation = Rule::new("self > 0.0 && self <= 1000.0").message("weight must be greater than 0 and at most 1000"))]
+    /// Weight, at least 0.01 and at most 1000.
+    #[x_kube(validation = Rule::new("self >= 0.01 && self <= 1000.0").message("weight must be at least 0.01 and at most 1000"))]
     pub weight: f64,
 }
 
@@ -304,8 +305,8 @@ pub struct TierWeight {
     #[x_kube(validation = Rule::new("self != ''").message("tier must not be empty"))]
     #[schemars(length(max = 64))]
     pub tier: String,
-    /// Weight, greater than 0 and at most 1000.
-    #[x_kube(validation = Rule::new("self > 0.0 && self <= 1000.0").message("weight must be greater than 0 and at most 1000"))]
+    /// Weight, at least 0.01 and at most 1000.
+    #[x_kube(validation = Rule::new("self >= 0.01 && self <= 1000.0").message("weight must be at least 0.01 and at most 1000"))]
     pub weight: f64,
 }
 
@@ -350,6 +351,45 @@ pub struct DeliverySpec {
     /// Per-endpoint circuit breaker, shared by all workers through Redis.
     #[serde(default)]
     pub breaker: BreakerSpec,
+
+    /// How many dead letters each tenant keeps per queue, and for how long.
+    #[serde(default)]
+    pub dead_letters: DeadLetterSpec,
+}
+
+/// Retention of dead letters, per tenant and queue: the oldest go first once
+/// a tenant has `maxPerTenant`, and any older than `maxAge`. What retention
+/// drops is counted (`lanekeeper_dead_letters_dropped`).
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct DeadLetterSpec {
+    /// Most dead letters one tenant keeps in one queue (default 100000).
+    #[serde(default = "default_dead_letters_max")]
+    #[x_kube(validation = Rule::new("self >= 1 && self <= 10000000").message("delivery.deadLetters.maxPerTenant must be between 1 and 10000000"))]
+    pub max_per_tenant: i64,
+
+    /// How long a dead letter is kept (default `168h`, seven days).
+    #[serde(default = "default_dead_letters_age")]
+    #[x_kube(validation = Rule::new(super::DURATION_SYNTAX).message("delivery.deadLetters.maxAge must be a duration such as 168h"))]
+    #[x_kube(validation = Rule::new("!self.matches('^([0-9]+(\\\\.[0-9]+)?(ns|us|ms|s|m|h))+$') || duration(self) >= duration('1m')").message("delivery.deadLetters.maxAge must be at least 1m"))]
+    #[schemars(length(max = 32))]
+    pub max_age: Duration,
+}
+
+fn default_dead_letters_max() -> i64 {
+    100_000
+}
+fn default_dead_letters_age() -> Duration {
+    secs(7 * 24 * 3600)
+}
+
+impl Default for DeadLetterSpec {
+    fn default() -> Self {
+        Self {
+            max_per_tenant: default_dead_letters_max(),
+            max_age: default_dead_letters_age(),
+        }
+    }
 }
 
 fn default_timeout() -> Duration {
@@ -381,6 +421,7 @@ impl Default for DeliverySpec {
             max_backoff: default_max_backoff(),
             max_attempts: default_max_attempts(),
             breaker: BreakerSpec::default(),
+            dead_letters: DeadLetterSpec::default(),
         }
     }
 }

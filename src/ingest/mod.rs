@@ -29,7 +29,7 @@ use crate::endpoint::Endpoint;
 use crate::envelope::{Envelope, MAX_ID_BYTES};
 use crate::producer::Producer;
 use crate::routing::QueueId;
-use crate::store::{EnqueueOutcome, Store, StoreError};
+use crate::store::{EnqueueOutcome, Store, StoreError, DEAD_LETTER_PAGE};
 use crate::telemetry::{EnvelopeLabels, IngestMetrics, RequestLabels, RouteLabels};
 
 use auth::{Keys, Principal};
@@ -141,6 +141,11 @@ impl Ingest {
             Ok(Err(StoreError::InvalidEndpoint(e))) => {
                 Err(ApiError::field(StatusCode::BAD_REQUEST, e.field, e.reason))
             }
+            Ok(Err(e @ StoreError::InvalidCursor)) => Err(ApiError::field(
+                StatusCode::BAD_REQUEST,
+                "cursor",
+                e.to_string(),
+            )),
             Ok(Err(e)) => Err(ApiError::unavailable(format!("redis: {e}"))),
             Err(_) => Err(ApiError::unavailable(format!(
                 "redis did not answer within {:?}",
@@ -489,6 +494,16 @@ pub struct DeadLetterOut {
     pub envelope: String,
 }
 
+/// One page of a tenant's dead letters, oldest first.
+#[derive(Clone, Debug, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct DeadLettersOut {
+    pub items: Vec<DeadLetterOut>,
+    /// Pass as `cursor` for the next page; absent on the last page.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub next_cursor: Option<String>,
+}
+
 /// Which dead letters to replay.
 #[derive(Clone, Debug, Default, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
@@ -542,8 +557,10 @@ pub struct StatsQuery {
 #[derive(Debug, Deserialize, IntoParams)]
 #[serde(deny_unknown_fields)]
 pub struct DeadQuery {
-    /// Most recent dead letters to scan (default 100, at most 10000).
+    /// Dead letters per page (default 100, at most 1000).
     pub limit: Option<usize>,
+    /// Where to continue: the `nextCursor` of the page before (absent: the oldest).
+    pub cursor: Option<String>,
 }
 
 /// Every error answer.
@@ -1076,35 +1093,78 @@ async fn tenant_queues(ingest: &Ingest, tenant: &str) -> Result<Vec<QueueId>, Ap
     })
 }
 
-/// List a tenant's dead letters, newest last.
+/// List a tenant's dead letters, oldest first, a page at a time.
 #[utoipa::path(get, path = "/v1/tenants/{tenant}/dead-letters",
     params(("tenant" = String, Path), DeadQuery),
-    responses((status = 200, body = Vec<DeadLetterOut>), (status = 401, body = ErrorBody), (status = 403, body = ErrorBody), (status = 503, body = ErrorBody)),
+    responses((status = 200, body = DeadLettersOut), (status = 400, body = ErrorBody), (status = 401, body = ErrorBody), (status = 403, body = ErrorBody), (status = 503, body = ErrorBody)),
     security(("api_key" = [])))]
 async fn list_dead(
     State(ingest): State<Ingest>,
     Path(tenant): Path<String>,
     Query(query): Query<DeadQuery>,
     headers: HeaderMap,
-) -> Result<Json<Vec<DeadLetterOut>>, ApiError> {
+) -> Result<Json<DeadLettersOut>, ApiError> {
     ingest.authorize(&headers, &tenant)?;
-    let limit = query.limit.unwrap_or(100).clamp(1, 10_000);
-    let mut out = Vec::new();
-    for q in tenant_queues(&ingest, &tenant).await? {
-        for d in ingest.redis(ingest.store().dead_letters(q, limit)).await? {
-            if d.tenant == tenant {
-                out.push(DeadLetterOut {
-                    id: d.id,
-                    queue: q.to_string(),
-                    attempts: d.attempts,
-                    cause: d.cause,
-                    at: d.at,
-                    envelope: d.envelope,
-                });
+    let limit = query.limit.unwrap_or(100).clamp(1, DEAD_LETTER_PAGE);
+    let queues = tenant_queues(&ingest, &tenant).await?;
+    // A cursor is "<queue>@<position in that queue's letters>": the queues
+    // are read one after the other.
+    let (mut index, mut after) = (0, None);
+    if let Some(c) = &query.cursor {
+        let bad = || {
+            ApiError::field(
+                StatusCode::BAD_REQUEST,
+                "cursor",
+                "is not a cursor this listing gave (use nextCursor from the page before)",
+            )
+        };
+        let (q, pos) = c.split_once('@').ok_or_else(bad)?;
+        index = queues
+            .iter()
+            .position(|x| x.to_string() == q)
+            .ok_or_else(bad)?;
+        after = (pos != "-").then(|| pos.to_string());
+    }
+    let mut out = DeadLettersOut {
+        items: Vec::new(),
+        next_cursor: None,
+    };
+    while index < queues.len() && out.items.len() < limit {
+        let q = queues[index];
+        let page = ingest
+            .redis(ingest.store().dead_letters(
+                q,
+                &tenant,
+                after.as_deref(),
+                limit - out.items.len(),
+            ))
+            .await?;
+        for d in page.letters {
+            out.items.push(DeadLetterOut {
+                id: d.id,
+                queue: q.to_string(),
+                attempts: d.attempts,
+                cause: d.cause,
+                at: d.at,
+                envelope: d.envelope,
+            });
+        }
+        match page.next {
+            Some(next) => {
+                out.next_cursor = Some(format!("{q}@{next}"));
+                break;
+            }
+            None if index + 1 < queues.len() => {
+                index += 1;
+                after = None;
+                out.next_cursor = Some(format!("{}@-", queues[index]));
+            }
+            None => {
+                out.next_cursor = None;
+                index += 1;
             }
         }
     }
-    out.sort_by_key(|d| d.at);
     Ok(Json(out))
 }
 
@@ -1130,11 +1190,28 @@ async fn replay_dead(
     for q in tenant_queues(&ingest, &tenant).await? {
         // A tenant that moved away from q answers MOVED; its letters there
         // stay until it is routed back.
-        if let Ok(n) = ingest
-            .redis(ingest.store().replay_dead(q, &tenant, &req.ids, 10_000))
-            .await?
-        {
-            replayed += n;
+        // In pages, each bounded and under the Redis timeout of its own.
+        let mut after: Option<String> = None;
+        loop {
+            match ingest
+                .redis(ingest.store().replay_dead_page(
+                    q,
+                    &tenant,
+                    after.as_deref(),
+                    DEAD_LETTER_PAGE,
+                    &req.ids,
+                ))
+                .await?
+            {
+                Ok(page) => {
+                    replayed += page.replayed;
+                    match page.next {
+                        Some(next) => after = Some(next),
+                        None => break,
+                    }
+                }
+                Err(_moved) => break,
+            }
         }
     }
     Ok(Json(ReplayOut { replayed }))

@@ -36,6 +36,8 @@ use crate::envelope::{Envelope, InvalidEnvelope};
 use crate::routing::{QueueId, RoutingTable};
 use crate::scheduler::QueuePolicy;
 
+pub mod keys;
+
 /// Bucket width of the worker-seconds window, in seconds (see `settle` in common.lua).
 pub const WORKER_SECONDS_BUCKET: u64 = 10;
 
@@ -84,6 +86,8 @@ pub enum StoreError {
     Invalid(#[from] InvalidEnvelope),
     #[error("invalid endpoint: {0}")]
     InvalidEndpoint(InvalidEndpoint),
+    #[error("invalid cursor: a dead-letter cursor is the `cursor` of a letter listed before (<ms>-<seq>)")]
+    InvalidCursor,
     #[error("unexpected reply from the {script} script: {detail}")]
     Protocol {
         script: &'static str,
@@ -146,8 +150,13 @@ pub struct Lease {
 
 impl Lease {
     /// Decode the stored envelope; a corrupt record is an error to dead-letter.
+    /// Its tenant and id are the lease's, whatever the stored payload says:
+    /// the queue names the envelope by both, so that is who it belongs to.
     pub fn envelope(&self) -> Result<Envelope, serde_json::Error> {
-        serde_json::from_str(&self.payload)
+        let mut env: Envelope = serde_json::from_str(&self.payload)?;
+        env.tenant.clone_from(&self.tenant);
+        env.id.clone_from(&self.id);
+        Ok(env)
     }
 }
 
@@ -322,8 +331,8 @@ impl TenantActivity {
     }
 }
 
-/// One envelope on the dead-letter list.
-#[derive(Clone, Debug, PartialEq, serde::Deserialize)]
+/// One of a tenant's dead letters.
+#[derive(Clone, Debug, PartialEq)]
 pub struct DeadLetter {
     pub id: String,
     pub tenant: String,
@@ -332,6 +341,31 @@ pub struct DeadLetter {
     pub at: u64,
     /// The stored envelope (empty when its record was missing).
     pub envelope: String,
+    /// Where it is in the tenant's dead letters: a page that ends here
+    /// continues after it.
+    pub cursor: String,
+}
+
+/// One page of a tenant's dead letters, oldest first.
+#[derive(Clone, Debug, PartialEq)]
+pub struct DeadLetterPage {
+    pub letters: Vec<DeadLetter>,
+    /// Pass as `after` for the next page; `None` when this was the last.
+    pub next: Option<String>,
+}
+
+/// A tenant's dead letters in a queue are listed and replayed by pages of at
+/// most this many: one call's work is bounded whatever their number.
+pub const DEAD_LETTER_PAGE: usize = 1000;
+
+/// What one replay step did.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ReplayPage {
+    pub replayed: u64,
+    /// Letters looked at (replayed or not).
+    pub examined: u64,
+    /// Where the next step starts; `None` when the tenant's letters are done.
+    pub next: Option<String>,
 }
 
 /// Per-tenant attribution in one queue.
@@ -364,11 +398,12 @@ enum Func {
     Import,
     TrimHold,
     ReplayDead,
+    Claims,
     RoutingUpdate,
 }
 
 impl Func {
-    const ALL: [Func; 16] = [
+    const ALL: [Func; 17] = [
         Func::Enqueue,
         Func::Lease,
         Func::Ack,
@@ -384,6 +419,7 @@ impl Func {
         Func::Import,
         Func::TrimHold,
         Func::ReplayDead,
+        Func::Claims,
         Func::RoutingUpdate,
     ];
 
@@ -405,6 +441,7 @@ impl Func {
             Func::Import => ("import", include_str!("lua/import.lua")),
             Func::TrimHold => ("trim_hold", include_str!("lua/trim_hold.lua")),
             Func::ReplayDead => ("replay_dead", include_str!("lua/replay_dead.lua")),
+            Func::Claims => ("claims", include_str!("lua/claims.lua")),
             Func::RoutingUpdate => ("routing_update", include_str!("lua/routing_update.lua")),
         }
     }
@@ -617,6 +654,8 @@ pub fn cluster_nodes(url: &str) -> Option<std::result::Result<Vec<String>, Strin
 pub const ENQUEUE_CHUNK: usize = 200;
 /// Envelopes moved per step when a hold buffer changes queue.
 const MOVE_CHUNK: usize = 500;
+/// Idempotency claims copied per step when a tenant moves.
+const CLAIMS_CHUNK: usize = 1000;
 /// Tenants a lease may credit and rotate before it answers `Again`.
 const LEASE_SCAN_BUDGET: u32 = 256;
 
@@ -699,6 +738,11 @@ impl Store {
     }
 
     /// Call one function of the library on queue `q`.
+    async fn run_owned(&self, f: Func, q: QueueId, args: Vec<Vec<u8>>) -> Result<Value> {
+        let refs: Vec<&[u8]> = args.iter().map(|a| a.as_slice()).collect();
+        self.run(f, q, &refs).await
+    }
+
     async fn run(&self, f: Func, q: QueueId, args: &[&[u8]]) -> Result<Value> {
         self.call(f, &self.queue_prefix(q), args).await
     }
@@ -952,6 +996,14 @@ impl Store {
             ("bmin", policy.breaker.min_requests.to_string()),
             ("bwin", policy.breaker.window.as_millis().to_string()),
             ("bopen", policy.breaker.open_for.as_millis().to_string()),
+            (
+                "dlmax",
+                policy.dead_letters.max_per_tenant.max(1).to_string(),
+            ),
+            (
+                "dlage",
+                policy.dead_letters.max_age.as_secs().max(1).to_string(),
+            ),
         ];
         // The scripts read the policy as one field (see common.lua); the
         // fields one by one are what library versions before it read, kept
@@ -1347,16 +1399,91 @@ impl Store {
     /// Mark `tenant` as moved from `q` to `target`: enqueues into `q` answer
     /// MOVED from now on. Refused (returns false) unless the tenant is paused
     /// and drained in `q`.
+    ///
+    /// The tenant's idempotency claims travel first: every id `q` claimed for
+    /// it is copied to `target` (in bounded steps), and ids claimed while the
+    /// copy runs are tracked and copied too; the mark is set only in the same
+    /// script call that finds none left uncopied. So a producer's retry of
+    /// an id accepted before the move is still a duplicate after it.
+    /// Idempotent: after a crash it is simply called again.
     pub async fn mark_moved(&self, q: QueueId, tenant: &str, target: QueueId) -> Result<bool> {
-        let v = self
-            .run(
-                Func::MarkMoved,
-                q,
-                &[tenant.as_bytes(), target.to_string().as_bytes()],
-            )
+        let state = self.tenant_state(q, tenant).await?;
+        if !state.paused || !state.drained() {
+            return Ok(false);
+        }
+        let t = tenant.as_bytes();
+        let claims = |op: &'static str, rest: Vec<Vec<u8>>| {
+            let mut args: Vec<Vec<u8>> = vec![op.as_bytes().to_vec(), t.to_vec()];
+            args.extend(rest);
+            args
+        };
+        let periods = self
+            .run_owned(Func::Claims, q, claims("begin", vec![]))
             .await?;
-        let items = array("mark_moved", v)?;
-        Ok(tag(&items).as_deref() == Some("OK"))
+        for period in array("claims", periods)?.iter().map(int) {
+            let mut cursor = "0".to_string();
+            loop {
+                let page = array(
+                    "claims",
+                    self.run_owned(
+                        Func::Claims,
+                        q,
+                        claims(
+                            "scan",
+                            vec![
+                                period.to_string().into_bytes(),
+                                cursor.clone().into_bytes(),
+                                CLAIMS_CHUNK.to_string().into_bytes(),
+                            ],
+                        ),
+                    )
+                    .await?,
+                )?;
+                let Some((next, ids)) = page.split_first() else {
+                    return Err(unexpected("claims", &page));
+                };
+                if !ids.is_empty() {
+                    self.run_owned(Func::Claims, target, claims("import", ids.iter().map(bytes).collect()))
+                        .await?;
+                }
+                cursor = string(next);
+                if cursor == "0" {
+                    break;
+                }
+            }
+        }
+        loop {
+            let v = self
+                .run(
+                    Func::MarkMoved,
+                    q,
+                    &[tenant.as_bytes(), target.to_string().as_bytes()],
+                )
+                .await?;
+            let items = array("mark_moved", v)?;
+            match tag(&items).as_deref() {
+                Some("OK") => return Ok(true),
+                Some("BUSY") => return Ok(false),
+                Some("CLAIMS") => {
+                    let delta = array(
+                        "claims",
+                        self.run_owned(
+                            Func::Claims,
+                            q,
+                            claims("delta", vec![CLAIMS_CHUNK.to_string().into_bytes()]),
+                        )
+                        .await?,
+                    )?;
+                    let ids: Vec<Vec<u8>> = delta.iter().map(bytes).collect();
+                    if !ids.is_empty() {
+                        self.run_owned(Func::Claims, target, claims("import", ids.clone()))
+                            .await?;
+                        self.run_owned(Func::Claims, q, claims("done", ids)).await?;
+                    }
+                }
+                _ => return Err(unexpected("mark_moved", &items)),
+            }
+        }
     }
 
     /// Append the tenant's hold buffer in `q` to its lane, in order, and
@@ -1383,10 +1510,10 @@ impl Store {
     }
 
     /// Move the tenant's hold buffer from `from` to the lane of `to`, in
-    /// order, in chunks. Each chunk is exported, imported (skipping ids `to`
-    /// has already seen) and then trimmed from `from`, so the move can be
-    /// repeated after a crash without loss or duplicates. Returns the count
-    /// appended to `to`.
+    /// order, in chunks. Each chunk is exported, imported (skipping what `to`
+    /// imported from `from` before, by sequence number) and then trimmed from
+    /// `from`, so the move can be repeated after a crash without loss or
+    /// duplicates. Returns the count appended to `to`.
     pub async fn move_hold(&self, from: QueueId, to: QueueId, tenant: &str) -> Result<u64> {
         let mut appended = 0;
         loop {
@@ -1401,9 +1528,10 @@ impl Store {
             if items.is_empty() {
                 return Ok(appended);
             }
-            let mut import: Vec<Vec<u8>> = vec![tenant.as_bytes().to_vec()];
+            let mut import: Vec<Vec<u8>> =
+                vec![tenant.as_bytes().to_vec(), from.to_string().into_bytes()];
             let mut ids: Vec<Vec<u8>> = vec![tenant.as_bytes().to_vec()];
-            for chunk in items.chunks(5) {
+            for chunk in items.chunks(6) {
                 for v in chunk {
                     import.push(bytes(v));
                 }
@@ -1503,35 +1631,145 @@ impl Store {
         Ok(out)
     }
 
-    /// The newest `limit` dead letters of `q`, oldest first.
-    /// Put up to `limit` of `tenant`'s dead letters in `q` back on its lane
-    /// (all of them, or those with the given ids), oldest first. Returns how
-    /// many, or [`EnqueueOutcome::Moved`]'s target when the tenant has moved
-    /// away from `q` (then nothing changed).
+    /// Replay one page of `tenant`'s dead letters in `q` (all of them, or
+    /// those with the given ids), starting after `after` (`None`: the
+    /// oldest). Each is put back on the tail of its lane in order as a new
+    /// delivery. One call examines at most `page` letters (at most
+    /// [`DEAD_LETTER_PAGE`]), so it is bounded however many the tenant has.
+    /// `Err(queue)` when the tenant has moved away from `q` (nothing changed).
+    pub async fn replay_dead_page(
+        &self,
+        q: QueueId,
+        tenant: &str,
+        after: Option<&str>,
+        page: usize,
+        ids: &[String],
+    ) -> Result<std::result::Result<ReplayPage, QueueId>> {
+        let page = page.clamp(1, DEAD_LETTER_PAGE).to_string();
+        let cursor = after.unwrap_or("-");
+        check_stream_cursor(cursor)?;
+        let mut args: Vec<&[u8]> = vec![tenant.as_bytes(), cursor.as_bytes(), page.as_bytes()];
+        args.extend(ids.iter().map(|id| id.as_bytes()));
+        let items = array("replay_dead", self.run(Func::ReplayDead, q, &args).await?)?;
+        match (tag(&items).as_deref(), items.as_slice()) {
+            (Some("OK"), [_, n, next, examined]) => {
+                let next = string(next);
+                Ok(Ok(ReplayPage {
+                    replayed: int(n),
+                    examined: int(examined),
+                    next: (!next.is_empty()).then_some(next),
+                }))
+            }
+            (Some("MOVED"), [_, to]) => string(to)
+                .parse()
+                .map(Err)
+                .map_err(|e| StoreError::Protocol {
+                    script: "replay_dead",
+                    detail: format!("MOVED to {e}"),
+                }),
+            _ => Err(unexpected("replay_dead", &items)),
+        }
+    }
+
+    /// Replay all of `tenant`'s dead letters in `q` (or those with the given
+    /// ids), oldest first, in bounded steps ([`Store::replay_dead_page`]).
+    /// Returns how many, or `Err(queue)` when the tenant has moved away.
     pub async fn replay_dead(
         &self,
         q: QueueId,
         tenant: &str,
         ids: &[String],
-        limit: usize,
     ) -> Result<std::result::Result<u64, QueueId>> {
-        let limit = limit.to_string();
-        let mut args: Vec<&[u8]> = vec![tenant.as_bytes(), limit.as_bytes()];
-        args.extend(ids.iter().map(|id| id.as_bytes()));
-        let items = array("replay_dead", self.run(Func::ReplayDead, q, &args).await?)?;
-        match (tag(&items).as_deref(), items.get(1)) {
-            (Some("OK"), Some(n)) => Ok(Ok(int(n))),
-            (Some("MOVED"), Some(to)) => {
-                string(to)
-                    .parse()
-                    .map(Err)
-                    .map_err(|e| StoreError::Protocol {
-                        script: "replay_dead",
-                        detail: format!("MOVED to {e}"),
-                    })
+        let mut total = 0;
+        let mut after: Option<String> = None;
+        loop {
+            let page = match self
+                .replay_dead_page(q, tenant, after.as_deref(), DEAD_LETTER_PAGE, ids)
+                .await?
+            {
+                Ok(p) => p,
+                Err(moved) if total == 0 => return Ok(Err(moved)),
+                Err(_) => return Ok(Ok(total)),
+            };
+            total += page.replayed;
+            match page.next {
+                Some(next) => after = Some(next),
+                None => return Ok(Ok(total)),
             }
-            _ => Err(unexpected("replay_dead", &items)),
         }
+    }
+
+    /// One page of `tenant`'s dead letters in `q`, oldest first, after the
+    /// cursor `after` (`None`: from the oldest): at most `limit` (at most
+    /// [`DEAD_LETTER_PAGE`]), read in O(limit) whatever the tenant or the
+    /// queue holds.
+    pub async fn dead_letters(
+        &self,
+        q: QueueId,
+        tenant: &str,
+        after: Option<&str>,
+        limit: usize,
+    ) -> Result<DeadLetterPage> {
+        let limit = limit.clamp(1, DEAD_LETTER_PAGE);
+        let from = match after {
+            Some(c) => {
+                check_stream_cursor(c)?;
+                format!("({c}")
+            }
+            None => "-".to_string(),
+        };
+        let mut conn = self.conn.clone();
+        let raw: Vec<(String, Vec<(String, Vec<u8>)>)> = redis::cmd("XRANGE")
+            .arg(keys::dead_letters(&self.queue_prefix(q), tenant))
+            .arg(from)
+            .arg("+")
+            .arg("COUNT")
+            .arg(limit)
+            .query_async(&mut conn)
+            .await?;
+        let full = raw.len() == limit;
+        let letters: Vec<DeadLetter> = raw
+            .into_iter()
+            .map(|(cursor, fields)| {
+                let mut d = DeadLetter {
+                    id: String::new(),
+                    tenant: tenant.to_string(),
+                    attempts: 0,
+                    cause: String::new(),
+                    at: 0,
+                    envelope: String::new(),
+                    cursor,
+                };
+                for (k, v) in fields {
+                    let v = String::from_utf8_lossy(&v).into_owned();
+                    match k.as_str() {
+                        "id" => d.id = v,
+                        "a" => d.attempts = v.parse().unwrap_or(0),
+                        "c" => d.cause = v,
+                        "at" => d.at = v.parse::<f64>().map(|x| x as u64).unwrap_or(0),
+                        "p" => d.envelope = v,
+                        _ => {}
+                    }
+                }
+                d
+            })
+            .collect();
+        let next = if full {
+            letters.last().map(|d| d.cursor.clone())
+        } else {
+            None
+        };
+        Ok(DeadLetterPage { letters, next })
+    }
+
+    /// How many dead letters `q`'s retention bound has dropped, all tenants.
+    pub async fn dead_letters_dropped(&self, q: QueueId) -> Result<u64> {
+        let mut conn = self.conn.clone();
+        let n: Option<u64> = redis::cmd("GET")
+            .arg(keys::dead_letters_dropped(&self.queue_prefix(q)))
+            .query_async(&mut conn)
+            .await?;
+        Ok(n.unwrap_or(0))
     }
 
     /// One tenant's recent activity in `q`: what [`Store::tenant_state`]
@@ -1593,31 +1831,13 @@ impl Store {
         if let Value::BulkString(id) = &replies[1] {
             let id = String::from_utf8_lossy(id);
             let n: Option<u64> = redis::cmd("HGET")
-                .arg(format!("{p}:e:{id}"))
+                .arg(keys::envelope(&p, tenant, &id))
                 .arg("n")
                 .query_async(&mut conn)
                 .await?;
             activity.oldest_enqueued_ms = n;
         }
         Ok(activity)
-    }
-
-    pub async fn dead_letters(&self, q: QueueId, limit: usize) -> Result<Vec<DeadLetter>> {
-        let mut conn = self.conn.clone();
-        let raw: Vec<String> = redis::cmd("LRANGE")
-            .arg(format!("{}:dead", self.queue_prefix(q)))
-            .arg(-(limit.max(1) as i64))
-            .arg(-1)
-            .query_async(&mut conn)
-            .await?;
-        raw.iter()
-            .map(|r| {
-                serde_json::from_str(r).map_err(|e| StoreError::Protocol {
-                    script: "dead letters",
-                    detail: format!("{e}: {r}"),
-                })
-            })
-            .collect()
     }
 
     // ---- capacity simulator support -------------------------------------
@@ -1757,6 +1977,25 @@ impl Store {
 }
 
 /// A lease token, unique per lease, so a late ack from an expired holder is told apart.
+/// A dead-letter cursor is a stream id, `<ms>-<seq>`: anything else is
+/// refused before it reaches a script.
+fn check_stream_cursor(c: &str) -> Result<()> {
+    let ok = c == "-"
+        || c.split_once('-').is_some_and(|(a, b)| {
+            !a.is_empty()
+                && !b.is_empty()
+                && a.len() <= 20
+                && b.len() <= 20
+                && a.bytes().all(|x| x.is_ascii_digit())
+                && b.bytes().all(|x| x.is_ascii_digit())
+        });
+    if ok {
+        Ok(())
+    } else {
+        Err(StoreError::InvalidCursor)
+    }
+}
+
 fn lease_token(worker: &str) -> String {
     // The lease as stored separates its parts by newlines (see common.lua).
     let worker: String = worker.chars().filter(|c| !c.is_control()).collect();

@@ -183,6 +183,15 @@ pub async fn run(
                 if let Err(e) = shared.store.maintain(shared.config.queue, 500).await {
                     warn!(error = %e, "maintenance failed; retrying");
                 }
+                if let Ok(n) = shared.store.dead_letters_dropped(shared.config.queue).await {
+                    shared
+                        .metrics
+                        .dead_letters_dropped
+                        .get_or_create(&QueueLabels {
+                            queue: shared.queue_label.clone(),
+                        })
+                        .set(n as i64);
+                }
                 tokio::select! {
                     _ = tokio::time::sleep(Duration::from_millis(500)) => {}
                     _ = stop.wait_for(|v| *v) => return,
@@ -218,6 +227,10 @@ async fn delivery_loop(
     let stopping = || *stop.borrow();
     let mut next: Option<LeaseOutcome> = None;
     let mut backoff = Duration::from_millis(50);
+    // Consecutive AGAIN answers: the first few are asked again at once, then
+    // with a growing pause, so a queue whose tenants all need many turns to
+    // earn credit is not hammered in a hot loop.
+    let mut again = 0u32;
     loop {
         // Armed before leasing, so a wake-up between an empty answer and the wait is not lost.
         let woken = shared.wake.notified();
@@ -254,9 +267,22 @@ async fn delivery_loop(
                     _ = stop.wait_for(|v| *v) => {}
                 }
             }
-            LeaseOutcome::Again => {}
+            LeaseOutcome::Again => {
+                again += 1;
+                if let Some(pause) = again_pause(again) {
+                    sleep_or_stop(pause, &stop).await;
+                }
+                continue;
+            }
         }
+        again = 0;
     }
+}
+
+/// The pause before asking again after `n` AGAIN answers in a row: none for
+/// the first four, then 1 ms doubling to at most 64 ms.
+fn again_pause(n: u32) -> Option<Duration> {
+    (n > 4).then(|| Duration::from_millis(1 << (n - 5).min(6)))
 }
 
 async fn sleep_or_stop(d: Duration, stop: &watch::Receiver<bool>) {

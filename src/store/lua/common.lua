@@ -14,25 +14,42 @@
 --   P:t:<tenant>      HASH  d deficit, f in flight, r on the ring, k parked at cap,
 --                           e estimate, b what the fresh turn may still charge, p paused, m moved-to queue,
 --                           w delayed, h held, n depth (queued, held, delayed or in flight),
---                           ok delivered, ko dead-lettered, bw breakers in use, bl blocked.
+--                           ok delivered, ko dead-lettered, dx dead letters dropped by retention,
+--                           bw breakers in use, bl blocked, ip newest idempotency period claimed in,
+--                           xc its claims are being copied to another queue (a move; see claims.lua),
+--                           isrc/isq the queue and last sequence number imported from during a move.
 --                           d, e and b are worker-time in whole microseconds, as are a lease's
 --                           charge and the worker-second buckets: integers are far cheaper for
 --                           Redis and Lua to format and parse than 17-digit fractions
 --   P:tenants         SET   every tenant that has had work here (for attribution)
 --   P:q:<tenant>      LIST  the tenant's lane: envelope ids, head first
 --   P:h:<tenant>      LIST  hold buffer while paused
---   P:e:<id>          HASH  t tenant, s seq, a attempts (absent: 0), p payload, n enqueued ms,
---                           ep endpoint, x holds slot
---   P:ids:<period>    SET   envelope ids first seen in that idttl-long period: an id is a
---                           duplicate while it is in this period's set or the previous one
---                           (so it is remembered for at least idttl seconds, at most twice that)
+--   P:e:<ref>         HASH  t tenant, s seq, a attempts (absent: 0), p payload, n enqueued ms,
+--                           ep endpoint, x holds slot. <ref> is "<#tenant>:<tenant>:<id>": an
+--                           envelope is named by its tenant and its id together, so two tenants'
+--                           ids never meet (library versions before this one used P:e:<id>;
+--                           such a record is adopted under its new name when first met)
+--   P:ids:<period>:<tenant>
+--                     SET   the tenant's envelope ids first seen in that idttl-long period: an id
+--                           is a duplicate while it is in this period's set or the previous one
+--                           (so it is remembered for at least idttl seconds, at most twice that).
+--                           Per tenant, so a move can copy a tenant's claims (claims.lua)
+--   P:idsx:<tenant>   SET   ids claimed while the tenant's claims are being copied (xc set)
 --   P:seq             STRING enqueue sequence
 --   P:leases          ZSET  lease -> deadline ms. A lease is the string
 --                           "<charged us>\n<leased ms>\n<id>\n<tenant>\n<worker token>" (no part
 --                           holds a control character); it is also the token the worker holds,
 --                           so ack, nack and release prove the lease with one ZREM
---   P:delayed         ZSET  id -> retry due ms
---   P:dead            LIST  dead letters (JSON)
+--   P:delayed         ZSET  "<x><ref>" -> retry due ms, x '1' when the retry keeps its tenant's
+--                           only slot (PerTenant ordering), '0' otherwise: the member names the
+--                           tenant, so a retry whose record is gone still settles its tenant
+--   P:dl:<tenant>     STREAM the tenant's dead letters, oldest first: id, a attempts, c cause,
+--                           at ms, p payload, ep endpoint. Bounded by the policy's dlmax (count,
+--                           trimmed by whole stream nodes, so it may exceed it by up to ~100) and
+--                           dlage (seconds); what retention drops is counted in the tenant's dx
+--                           and the queue's P:dlx
+--   P:dlx             STRING dead letters dropped by retention, all tenants
+--   P:dead            LIST  dead letters of library versions before per-tenant streams (read only)
 --   P:wsu:<bucket>    HASH  tenant -> worker-microseconds (integer) in a 10 s bucket (expires);
 --                           library versions before it kept seconds in P:ws:<bucket> with
 --                           HINCRBYFLOAT: a new name, so the two never meet in one field
@@ -54,7 +71,7 @@
 -- The queue this call works on, and its policy: bound by `begin`.
 local P, RING, LEASES, DELAYED, BLOCKED
 local QUANTUM, ORDERED, CAP, DEFAULT_WEIGHT, EST0, MAX_ATTEMPTS, ID_TTL, MAINT_NEXT
-local BR_RATIO, BR_MIN, BR_WINDOW, BR_OPEN
+local BR_RATIO, BR_MIN, BR_WINDOW, BR_OPEN, DL_MAX, DL_AGE_MS
 -- A virtual clock (ms), set only by the capacity simulator (`lanekeeper
 -- simulate`, through Store::set_virtual_clock); nil means Redis TIME.
 local CLOCK
@@ -104,8 +121,10 @@ local function parse_policy(raw)
     -- seconds in the policy, whole microseconds in the scripts
     quantum = math.floor(field('quantum', 2.0) * 1e6 + 0.5), ordered = ordered, cap = ordered and 1 or field('cap', 8),
     weight = field('weight', 1.0), est0 = math.floor(field('est0', 1.0) * 1e6 + 0.5), maxatt = field('maxatt', 10),
-    idttl = field('idttl', 86400), bratio = field('bratio', 0.5), bmin = field('bmin', 20),
+    idttl = math.max(field('idttl', 86400), 1), bratio = field('bratio', 0.5), bmin = field('bmin', 20),
     bwin = field('bwin', 60000), bopen = field('bopen', 30000),
+    -- dead-letter retention per tenant: a count (at least 1) and an age in seconds
+    dlmax = math.max(math.floor(field('dlmax', 100000)), 1), dlage = math.max(field('dlage', 604800), 1) * 1000,
   }
 end
 
@@ -130,6 +149,7 @@ local function begin(keys)
   QUANTUM, ORDERED, CAP, DEFAULT_WEIGHT, EST0 = pol.quantum, pol.ordered, pol.cap, pol.weight, pol.est0
   MAX_ATTEMPTS, ID_TTL = pol.maxatt, pol.idttl
   BR_RATIO, BR_MIN, BR_WINDOW, BR_OPEN = pol.bratio, pol.bmin, pol.bwin, pol.bopen
+  DL_MAX, DL_AGE_MS = pol.dlmax, pol.dlage
   MAINT_NEXT = num(conf[2], 0)
   CLOCK = conf[3] and tonumber(conf[3])
   MIN_ROUTE_RAW = conf[4]
@@ -166,33 +186,66 @@ end
 local function tkey(t) return P .. ':t:' .. t end
 local function lane(t) return P .. ':q:' .. t end
 local function hold(t) return P .. ':h:' .. t end
-local function ekey(id) return P .. ':e:' .. id end
+local function dlkey(t) return P .. ':dl:' .. t end
+-- An envelope is named by its tenant and its id together (see P:e:<ref>).
+local function eref(t, id) return istr(#t) .. ':' .. t .. ':' .. id end
+local function ekey(t, id) return P .. ':e:' .. istr(#t) .. ':' .. t .. ':' .. id end
+-- The tenant and id a ref names.
+local function parse_ref(ref)
+  local len, rest = string.match(ref, '^(%d+):(.*)$')
+  len = tonumber(len)
+  if not len or #rest < len + 1 then return nil end
+  return string.sub(rest, 1, len), string.sub(rest, len + 2)
+end
 
--- Idempotency: which of `ids` are new to this queue? Returns a table with
--- `true` for each id seen neither in this idttl-long period nor the one
--- before (so an id is remembered for at least idttl seconds, at most twice
--- that), and claims them. A batch costs three set commands, however long.
--- The current period's set expires after three windows as a safety net;
--- the set from two periods back is no longer read and is freed in the
--- background (UNLINK) rather than by a blocking expiry of a large set.
-local function claim_ids(ids, now)
+-- The record of (t, id), adopting one a library version before this one
+-- stored as P:e:<id> (same tenant only) under its new name. Returns its key,
+-- and whether it exists. Only a miss costs more than the caller's read.
+local function adopt(t, id)
+  local k = ekey(t, id)
+  if redis.call('EXISTS', k) == 1 then return k, true end
+  local old = P .. ':e:' .. id
+  if redis.call('HGET', old, 't') == t then
+    redis.call('RENAME', old, k)
+    return k, true
+  end
+  return k, false
+end
+
+-- Idempotency: which of tenant `t`'s `ids` are new to this queue? Returns a
+-- table with `true` for each id seen neither in this idttl-long period nor
+-- the one before (so an id is remembered for at least idttl seconds, at most
+-- twice that), and claims them. `ip` is the tenant's `ip` field as read by
+-- the caller (the newest period it claimed in), `xc` its `xc` flag (claims
+-- being copied by a move: new claims also go to P:idsx:<t>). A batch costs
+-- the tenant two set lookups and one SADD, however long; a period the tenant
+-- has no set for is not looked up. The current period's set expires after
+-- three windows as a safety net; the set from two periods back is freed in
+-- the background (UNLINK) when the tenant first claims in a new period.
+local function claim_ids(t, ids, now, ip, xc)
   local fresh = {}
   if #ids == 0 then return fresh end
   local period = math.floor(now / 1000 / ID_TTL)
-  local cur, prev = P .. ':ids:' .. period, P .. ':ids:' .. (period - 1)
-  local in_prev = redis.call('SMISMEMBER', prev, unpack(ids))
-  local in_cur = redis.call('SMISMEMBER', cur, unpack(ids))
+  local last = tonumber(ip) or -1
+  local base = P .. ':ids:'
+  local cur, prev = base .. period .. ':' .. t, base .. (period - 1) .. ':' .. t
+  local in_prev = (last >= period - 1) and redis.call('SMISMEMBER', prev, unpack(ids)) or nil
+  local in_cur = (last >= period) and redis.call('SMISMEMBER', cur, unpack(ids)) or nil
   local claim = {}
   for k, id in ipairs(ids) do
-    if in_prev[k] == 0 and in_cur[k] == 0 and not fresh[id] then
+    if not (in_prev and in_prev[k] == 1) and not (in_cur and in_cur[k] == 1) and not fresh[id] then
       fresh[id] = true
       claim[#claim + 1] = id
     end
   end
   if #claim > 0 then
     redis.call('SADD', cur, unpack(claim))
-    redis.call('EXPIRE', cur, 3 * ID_TTL, 'NX')
-    redis.call('UNLINK', P .. ':ids:' .. (period - 2))
+    if xc == '1' then redis.call('SADD', P .. ':idsx:' .. t, unpack(claim)) end
+    if last < period then
+      redis.call('EXPIRE', cur, 3 * ID_TTL, 'NX')
+      redis.call('UNLINK', base .. (period - 2) .. ':' .. t)
+      redis.call('HSET', tkey(t), 'ip', period)
+    end
   end
   return fresh
 end
@@ -202,8 +255,12 @@ local function weight(t)
 end
 
 -- The tenant's quantum (us): the queue's, scaled by its weight.
+-- At least 100 us (the smallest product of the CRD's floors on quantumSeconds
+-- and weights): a quantum that rounds to nothing would never bring a tenant
+-- back into credit, and every lease would answer AGAIN.
+local MIN_QUANTUM = 100
 local function quantum(t)
-  return math.floor(QUANTUM * weight(t) + 0.5)
+  return math.max(math.floor(QUANTUM * weight(t) + 0.5), MIN_QUANTUM)
 end
 
 -- Put a tenant on the ring, at the head (a fresh turn) or the tail. Every
@@ -376,12 +433,33 @@ local function settle(t, charged, actual, now, free_slot, outcome)
   return num(st[6], 0)
 end
 
--- Record the dead letter; the caller has counted it (settle 'dead').
-local function dead_letter(id, t, attempts, cause, now, payload)
-  redis.call('RPUSH', P .. ':dead', cjson.encode({
-    id = id, tenant = t, attempts = attempts, cause = cause, at = now, envelope = payload or '' }))
-  redis.call('DEL', ekey(id))
+-- Record a dead letter of tenant `t` in its stream, after the retention
+-- bound (count and age, a bounded amount of work per call: trimming goes by
+-- whole stream nodes, at most 1000 entries), and delete the envelope's
+-- record. The caller has counted it (settle 'dead'). Cannot fail.
+local function dead_letter(t, id, attempts, cause, now, payload, ep)
+  local k = dlkey(t)
+  local dropped = 0
+  if redis.call('XLEN', k) >= DL_MAX then
+    dropped = redis.call('XTRIM', k, 'MAXLEN', '~', DL_MAX - 1, 'LIMIT', 1000)
+  end
+  -- stream ids are Redis ms; under the simulator's virtual clock age is not applied
+  if not CLOCK then
+    local t_ = redis.call('TIME')
+    local since = tonumber(t_[1]) * 1000 - DL_AGE_MS
+    if since > 0 then dropped = dropped + redis.call('XTRIM', k, 'MINID', '~', since, 'LIMIT', 1000) end
+  end
+  redis.call('XADD', k, '*', 'id', id, 'a', istr(attempts), 'c', cause, 'at', now, 'p', payload or '', 'ep', ep or '')
+  if dropped > 0 then
+    redis.call('HINCRBY', tkey(t), 'dx', dropped)
+    redis.call('INCRBY', P .. ':dlx', dropped)
+  end
+  redis.call('DEL', ekey(t, id))
 end
+
+-- The cause given when an envelope's record is gone (evicted, deleted by
+-- hand, a bug): it cannot be delivered, and saying so beats losing it quietly.
+local MISSING = 'envelope record missing from the queue (evicted or deleted): nothing to deliver'
 
 -- Return envelopes to the head of their tenants' lanes in original (seq) order.
 -- `items` is a list of {tenant, seq, id}.
@@ -395,44 +473,73 @@ local function return_to_head(items)
   for t, _ in pairs(touched) do activate(t) end
 end
 
--- Move due retries back to the head of their lanes.
+-- A delayed entry: "<x><ref>" (see P:delayed).
+local function delayed_member(t, id, slot) return (slot and '1' or '0') .. eref(t, id) end
+
+-- Move due retries back to the head of their lanes. A retry whose record is
+-- gone is dead-lettered with its tenant settled (its delayed count, depth
+-- and, when it kept one, its slot), so the tenant is never wedged.
 local function promote_due(now, limit)
-  local ids = redis.call('ZRANGEBYSCORE', DELAYED, '-inf', now, 'LIMIT', 0, limit)
+  local members = redis.call('ZRANGEBYSCORE', DELAYED, '-inf', now, 'LIMIT', 0, limit)
   local items = {}
-  for _, id in ipairs(ids) do
-    redis.call('ZREM', DELAYED, id)
-    local m = redis.call('HMGET', ekey(id), 't', 's', 'x')
-    if m[1] then
-      redis.call('HINCRBY', tkey(m[1]), 'w', -1)
-      items[#items + 1] = { m[1], tonumber(m[2]), id }
-      if m[3] == '1' then
-        redis.call('HDEL', ekey(id), 'x')
-        release(m[1])
+  for _, member in ipairs(members) do
+    redis.call('ZREM', DELAYED, member)
+    local t, id = parse_ref(string.sub(member, 2))
+    local slot = string.sub(member, 1, 1) == '1'
+    if not t then
+      -- a member of a library version before this one: the bare id
+      id = member
+      local m = redis.call('HMGET', P .. ':e:' .. id, 't', 'x')
+      t, slot = m[1], m[2] == '1'
+    end
+    if t then
+      local ek, present = adopt(t, id)
+      local tk = tkey(t)
+      redis.call('HINCRBY', tk, 'w', -1)
+      if slot then
+        redis.call('HDEL', ek, 'x')
+        release(t)
+      end
+      if present then
+        items[#items + 1] = { t, tonumber(redis.call('HGET', ek, 's')) or 0, id }
+      else
+        local st = redis.call('HMGET', tk, 'n', 'ko')
+        redis.call('HSET', tk, 'n', math.max(num(st[1], 0) - 1, 0), 'ko', num(st[2], 0) + 1)
+        dead_letter(t, id, 0, MISSING, now, '', '')
       end
     end
   end
   return_to_head(items)
-  return #ids
+  return #members
 end
 
--- Return expired leases to the head of their lanes; a worker that died loses nothing.
+-- Return expired leases to the head of their lanes; a worker that died loses
+-- nothing. A reap is the worker's failure, not the endpoint's: it counts as
+-- an attempt (so a poison envelope that kills workers is dead-lettered) but
+-- not against the endpoint's circuit breaker. A lease whose record is gone
+-- settles its tenant and becomes a dead letter.
 local function reap(now, limit)
   local leases = redis.call('ZRANGEBYSCORE', LEASES, '-inf', now, 'LIMIT', 0, limit)
   local items = {}
   for _, member in ipairs(leases) do
     redis.call('ZREM', LEASES, member)
     local c, at, id, t = parse_lease(member)
-    local ek = id and ekey(id)
-    local m = ek and redis.call('HMGET', ek, 's', 'p', 'ep')
-    if m and m[2] then
-      local a = redis.call('HINCRBY', ek, 'a', 1)
-      local dead = a >= MAX_ATTEMPTS
-      local bw = settle(t, c, (now - num(at, now)) * 1000, now, true, dead and 'dead' or nil)
-      breaker_record(t, m[3], true, bw, now)
-      if dead then
-        dead_letter(id, t, a, 'lease expired ' .. a .. ' times without an ack (worker died or hung)', now, m[2])
+    if c then
+      local ek, present = adopt(t, id)
+      local used = (now - num(at, now)) * 1000
+      if not present then
+        settle(t, c, used, now, true, 'dead')
+        dead_letter(t, id, 0, MISSING, now, '', '')
       else
-        items[#items + 1] = { t, tonumber(m[1]), id }
+        local m = redis.call('HMGET', ek, 's', 'p', 'ep')
+        local a = redis.call('HINCRBY', ek, 'a', 1)
+        local dead = a >= MAX_ATTEMPTS
+        settle(t, c, used, now, true, dead and 'dead' or nil)
+        if dead then
+          dead_letter(t, id, a, 'lease expired ' .. a .. ' times without an ack (worker died or hung)', now, m[2], m[3])
+        else
+          items[#items + 1] = { t, tonumber(m[1]) or 0, id }
+        end
       end
     end
   end

@@ -75,8 +75,9 @@ local function lease_next(lease_ms, token, budget, now)
     local id = d > 0 and f < CAP and redis.call('LPOP', lane(t))
     local env, pass, change = nil, true, ''
     if id then
-      local ek = ekey(id)
+      local ek = ekey(t, id)
       env = redis.call('HMGET', ek, 'p', 'a', 's', 'n')
+      if not env[1] and select(2, adopt(t, id)) then env = redis.call('HMGET', ek, 'p', 'a', 's', 'n') end
       -- the endpoint matters only to a tenant with breakers in use
       if env[1] and num(st[4], 0) > 0 then
         local ep = redis.call('HGET', ek, 'ep')
@@ -93,11 +94,9 @@ local function lease_next(lease_ms, token, budget, now)
     elseif id then
       if not env[1] then
         -- an id without its record cannot be delivered; say so instead of dropping it silently
-        redis.call('RPUSH', P .. ':dead', cjson.encode({ id = id, tenant = t, attempts = 0,
-          cause = 'envelope record missing from the queue', at = now, envelope = '' }))
-        redis.call('HINCRBY', tk, 'n', -1)
-        redis.call('HINCRBY', tk, 'ko', 1)
-        reposition(t, tk, d, f, 0, b, {})
+        local c = redis.call('HMGET', tk, 'n', 'ko')
+        dead_letter(t, id, 0, MISSING, now, '', '')
+        reposition(t, tk, d, f, 0, b, { 'n', math.max(num(c[1], 0) - 1, 0), 'ko', num(c[2], 0) + 1 })
       else
         local deadline = now + lease_ms
         -- the estimate as stored, when it is: no number to format
@@ -121,7 +120,7 @@ end
 local function ack_one(id, lease, elapsed, now)
   local c, t = end_lease(id, lease)
   if not c then return 'STALE', '' end
-  local ek = ekey(id)
+  local ek = ekey(t, id)
   local bw = settle(t, c, elapsed, now, true, 'delivered')
   local change = ''
   -- the endpoint matters only to a tenant with breakers in use

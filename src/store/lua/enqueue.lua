@@ -7,10 +7,14 @@
 -- reached the limit before this call; the envelope is not stored and its id
 -- not claimed. The check is per call, so a tenant's envelopes in one call
 -- are all taken or all refused (a call may overshoot by its own size).
--- Per batch: tenant state is read once per tenant, ids are checked in two
--- set lookups and claimed in one, and each tenant's lane gets one RPUSH, so
--- an envelope costs one HSET of its own.
+-- Ids are the tenant's own: two tenants may use the same id (see P:e:<ref>).
+-- Per batch: tenant state is read once per tenant, each tenant's ids are
+-- checked in two set lookups and claimed in one, and each tenant's lane gets
+-- one RPUSH, so an envelope costs one HSET of its own.
 local n = math.floor(#ARGV / 5)
+-- the caller sends at most ENQUEUE_CHUNK (200); refuse, before any write,
+-- what could not be unpacked
+if n > 1000 then return redis.error_reply('enqueue: at most 1000 envelopes per call, got ' .. n) end
 -- A producer that routed by a table appends its version: one older than the
 -- queue's fence (set by a reshard before it changes the shard count) is
 -- refused whole with 'STALE' and the fence, and the producer refreshes its
@@ -26,9 +30,8 @@ end
 local now = now_ms()
 -- one sequence block for the batch; ids that turn out duplicate leave gaps
 local seq0 = redis.call('INCRBY', P .. ':seq', n) - n
-local tenants = {} -- tenant -> {paused, moved, known, active, lane = {ids}, held = {ids}}
+local tenants = {} -- tenant -> {paused, moved, known, active, ip, xc, ids = {candidates}, lane = {ids}, held = {ids}}
 local order = {}
-local candidates = {} -- ids of envelopes whose tenant is still served here, within its limit
 local full = {} -- k -> true: over the tenant's backlog limit
 for k = 1, n do
   local i = 5 * k - 4
@@ -37,9 +40,9 @@ for k = 1, n do
   if not ts then
     -- paused, moved, and whether activation can be skipped (already on the
     -- ring, parked at its cap, or blocked by a breaker)
-    local st = redis.call('HMGET', tkey(t), 'p', 'm', 'r', 'k', 'bl', 'n')
+    local st = redis.call('HMGET', tkey(t), 'p', 'm', 'r', 'k', 'bl', 'n', 'ip', 'xc')
     ts = { paused = st[1] == '1', moved = st[2] or '', known = st[6] ~= false, depth = tonumber(st[6]) or 0,
-      active = st[3] == '1' or st[4] == '1' or st[5] == '1', lane = {}, held = {} }
+      active = st[3] == '1' or st[4] == '1' or st[5] == '1', ip = st[7], xc = st[8], ids = {}, lane = {}, held = {} }
     tenants[t] = ts
     order[#order + 1] = t
   end
@@ -48,11 +51,14 @@ for k = 1, n do
     if limit > 0 and ts.depth >= limit then
       full[k] = true
     else
-      candidates[#candidates + 1] = ARGV[i]
+      ts.ids[#ts.ids + 1] = ARGV[i]
     end
   end
 end
-local fresh_id = claim_ids(candidates, now)
+for _, t in ipairs(order) do
+  local ts = tenants[t]
+  ts.fresh = claim_ids(t, ts.ids, now, ts.ip, ts.xc)
+end
 -- formatted once for the batch, not by Redis for every envelope
 local now_s = tostring(now)
 
@@ -65,13 +71,13 @@ for k = 1, n do
     out[#out + 1] = 'MOVED'; out[#out + 1] = ts.moved
   elseif full[k] then
     out[#out + 1] = 'FULL'; out[#out + 1] = ts.depth
-  elseif not fresh_id[id] then
+  elseif not ts.fresh[id] then
     out[#out + 1] = 'DUP'; out[#out + 1] = 0
   else
-    fresh_id[id] = nil -- the same id twice in one batch is stored once
+    ts.fresh[id] = nil -- the same id twice in one batch is stored once
     local seq = seq0 + k
     -- attempts ('a') are absent until the first failure
-    redis.call('HSET', ekey(id), 't', t, 's', seq, 'p', payload, 'n', now_s, 'ep', ep)
+    redis.call('HSET', ekey(t, id), 't', t, 's', seq, 'p', payload, 'n', now_s, 'ep', ep)
     if ts.paused then
       ts.held[#ts.held + 1] = id
       out[#out + 1] = 'HELD'

@@ -1,26 +1,39 @@
--- ARGV: tenant, then id, attempts, payload, enqueued_ms, endpoint per envelope.
--- Appends envelopes moved from another queue's hold buffer to this lane, in
--- order. Idempotent: an id already seen here is skipped, so a move that died
--- halfway can be repeated. Returns the count appended.
-local t = ARGV[1]
-local n = 0
+-- ARGV: tenant, source queue, then id, seq (in the source), attempts, payload,
+-- enqueued_ms, endpoint per envelope. Appends envelopes moved from the
+-- source queue's hold buffer to this lane, in order. Idempotent: the tenant
+-- remembers the source and the last source sequence number it imported
+-- (isrc, isq), and an envelope at or below it is skipped, so a move that
+-- died between import and trim can be repeated. (Not by id: the tenant's id
+-- claims travel before the move, see claims.lua, so every id is known here.)
+-- An envelope whose record was gone in the source is dead-lettered here.
+-- Returns the count appended.
+local t, src = ARGV[1], ARGV[2]
+if (#ARGV - 2) % 6 ~= 0 or #ARGV > 2 + 6 * 1000 then
+  return redis.error_reply('import: tenant, source, then six fields per envelope (at most 1000)')
+end
+local tk = tkey(t)
+local st = redis.call('HMGET', tk, 'isrc', 'isq', 'n', 'ko')
+local last = (st[1] == src) and num(st[2], -1) or -1
 local now = now_ms()
+local n, dead, top = 0, 0, last
 local ids = {}
-for i = 2, #ARGV, 5 do ids[#ids + 1] = ARGV[i] end
-local fresh_id = claim_ids(ids, now)
-for i = 2, #ARGV, 5 do
-  local id = ARGV[i]
-  if fresh_id[id] then
-    fresh_id[id] = nil
+for i = 3, #ARGV, 6 do
+  local id, sseq = ARGV[i], tonumber(ARGV[i + 1])
+  if sseq == nil then
+    dead = dead + 1
+    dead_letter(t, id, num(ARGV[i + 2], 0), MISSING, now, '', ARGV[i + 5])
+  elseif sseq > last then
+    if sseq > top then top = sseq end
     local seq = redis.call('INCR', P .. ':seq')
-    redis.call('HSET', ekey(id), 't', t, 's', seq, 'a', ARGV[i + 1], 'p', ARGV[i + 2], 'n', ARGV[i + 3],
-      'ep', ARGV[i + 4])
-    redis.call('RPUSH', lane(t), id)
+    redis.call('HSET', ekey(t, id), 't', t, 's', seq, 'a', ARGV[i + 2], 'p', ARGV[i + 3], 'n', ARGV[i + 4],
+      'ep', ARGV[i + 5])
+    ids[#ids + 1] = id
     n = n + 1
   end
 end
-if n > 0 then
-  redis.call('HINCRBY', tkey(t), 'n', n)
+if n > 0 then redis.call('RPUSH', lane(t), unpack(ids)) end
+if n > 0 or dead > 0 then
+  redis.call('HSET', tk, 'isrc', src, 'isq', top, 'n', num(st[3], 0) + n, 'ko', num(st[4], 0) + dead)
   redis.call('SADD', P .. ':tenants', t)
 end
 activate(t)

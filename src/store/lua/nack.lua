@@ -3,23 +3,30 @@
 -- Returns {'RETRY', attempts, due_ms, breaker change} | {'DEAD', attempts, 0, breaker change} | {'STALE'}.
 -- A retry waits in the delayed set; in PerTenant ordering it keeps the
 -- tenant's only slot, so later envelopes of that tenant wait behind it.
+-- An envelope whose record is gone is dead-lettered with that cause, its
+-- tenant settled: nothing half-done is left behind.
 local id, token, elapsed = ARGV[1], ARGV[2], tonumber(ARGV[3])
 local delay, dead, cause, broken = tonumber(ARGV[4]), ARGV[5] == '1', ARGV[6], ARGV[7] == '1'
-local ek = ekey(id)
 local charged, t = end_lease(id, token)
 if not charged then return { 'STALE' } end
-local m = redis.call('HMGET', ek, 'p', 'ep')
 local now = now_ms()
+local ek, present = adopt(t, id)
+if not present then
+  settle(t, charged, elapsed, now, true, 'dead')
+  dead_letter(t, id, 0, MISSING, now, '', '')
+  return { 'DEAD', 0, 0, '' }
+end
+local m = redis.call('HMGET', ek, 'p', 'ep')
 local a = redis.call('HINCRBY', ek, 'a', 1)
 dead = dead or a >= MAX_ATTEMPTS
 -- a retry under PerTenant ordering keeps the tenant's only slot
 local bw = settle(t, charged, elapsed, now, dead or not ORDERED, dead and 'dead' or 'retry')
 local change = breaker_record(t, m[2], broken, bw, now)
 if dead then
-  dead_letter(id, t, a, cause, now, m[1])
+  dead_letter(t, id, a, cause, now, m[1], m[2])
   return { 'DEAD', a, 0, change }
 end
 local due = now + delay
-redis.call('ZADD', DELAYED, due, id)
+redis.call('ZADD', DELAYED, due, delayed_member(t, id, ORDERED))
 if ORDERED then redis.call('HSET', ek, 'x', 1) end
 return { 'RETRY', a, due, change }

@@ -1,12 +1,20 @@
 -- ARGV: id, token. Gives a leased envelope back undelivered (a worker
 -- shutting down): it returns to the head of its lane in order, its slot is
--- freed and its charge refunded, and no attempt is counted.
+-- freed and its charge refunded, and no attempt is counted. An envelope
+-- whose record is gone is dead-lettered with that cause instead.
 -- Returns 'OK' or 'STALE'.
 local id, token = ARGV[1], ARGV[2]
 local charged, t = end_lease(id, token)
 if not charged then return 'STALE' end
+local ek, present = adopt(t, id)
+if not present then
+  local now = now_ms()
+  settle(t, charged, 0, now, true, 'dead')
+  dead_letter(t, id, 0, MISSING, now, '', '')
+  return 'OK'
+end
 -- HINCRBYFLOAT, not HINCRBY: a deficit written by an older library version may be a fraction
 redis.call('HINCRBYFLOAT', tkey(t), 'd', charged)
 release(t)
-return_to_head({ { t, tonumber(redis.call('HGET', ekey(id), 's')), id } })
+return_to_head({ { t, tonumber(redis.call('HGET', ek, 's')) or 0, id } })
 return 'OK'

@@ -1,39 +1,53 @@
--- ARGV: tenant, limit, then ids (none: all of the tenant's dead letters).
--- Moves up to `limit` of the tenant's dead letters in this queue back to the
--- tail of its lane (its hold buffer while paused), oldest first, as new
--- deliveries: attempts start again. The id stays claimed, so a producer's
--- retry of it is still a duplicate. Returns {'OK', count} or, when the
--- tenant has moved to another queue, {'MOVED', queue} and nothing changes.
-local t, limit = ARGV[1], tonumber(ARGV[2])
-local st = redis.call('HMGET', tkey(t), 'p', 'm')
+-- ARGV: tenant, cursor, page, then ids (none: every dead letter).
+-- Replays one page of the tenant's dead letters in this queue: it reads up
+-- to `page` (at most 1000) letters of the tenant's own stream after `cursor`
+-- ('-' for the start, otherwise the stream id of the last letter the
+-- previous page examined), and puts each one asked for back on the tail of
+-- its lane (its hold buffer while paused), oldest first, as a new delivery:
+-- attempts start again, the id stays claimed. A letter whose envelope is
+-- live again (the producer reused the id after the idempotency window) is
+-- left where it is. Every read comes before the first write, and nothing
+-- after it can fail, so a call does all of its page or nothing.
+-- Returns {'OK', replayed, next cursor ('' when the stream is done), examined}
+-- or, when the tenant has moved to another queue, {'MOVED', queue} and
+-- nothing changes.
+local t, cursor, page = ARGV[1], ARGV[2], math.min(math.max(tonumber(ARGV[3]) or 100, 1), 1000)
+local tk = tkey(t)
+local st = redis.call('HMGET', tk, 'p', 'm', 'n')
 if st[2] then return { 'MOVED', st[2] } end
 local want = nil
-if #ARGV > 2 then
+if #ARGV > 3 then
   want = {}
-  for i = 3, #ARGV do want[ARGV[i]] = true end
+  for i = 4, #ARGV do want[ARGV[i]] = true end
 end
-local DEAD = P .. ':dead'
+local k = dlkey(t)
+local from = (cursor == '-' or cursor == '') and '-' or ('(' .. cursor)
+local entries = redis.call('XRANGE', k, from, '+', 'COUNT', page)
+local take = {}
+for _, e in ipairs(entries) do
+  local f = {}
+  local kv = e[2]
+  for i = 1, #kv, 2 do f[kv[i]] = kv[i + 1] end
+  if f.id and (not want or want[f.id]) and f.p and f.p ~= '' and redis.call('EXISTS', ekey(t, f.id)) == 0 then
+    take[#take + 1] = { e[1], f }
+  end
+end
+local next_cursor = ''
+if #entries == page then next_cursor = entries[#entries][1] end
+if #take == 0 then return { 'OK', 0, next_cursor, #entries } end
+
+-- writes: nothing below can fail
 local now = now_ms()
-local ids = {}
-for _, raw in ipairs(redis.call('LRANGE', DEAD, 0, -1)) do
-  if #ids >= limit then break end
-  local ok, d = pcall(cjson.decode, raw)
-  if ok and type(d) == 'table' and d.tenant == t and (not want or want[d.id]) and d.envelope and d.envelope ~= '' then
-    local eok, env = pcall(cjson.decode, d.envelope)
-    local ep = (eok and type(env) == 'table' and type(env.endpoint) == 'string') and env.endpoint or 'default'
-    redis.call('LREM', DEAD, 1, raw)
-    redis.call('HSET', ekey(d.id), 't', t, 's', redis.call('INCR', P .. ':seq'), 'p', d.envelope, 'n', now, 'ep', ep)
-    ids[#ids + 1] = d.id
-  end
+local dest = (st[1] == '1') and hold(t) or lane(t)
+for _, it in ipairs(take) do
+  local f = it[2]
+  redis.call('XDEL', k, it[1])
+  redis.call('HSET', ekey(t, f.id), 't', t, 's', redis.call('INCR', P .. ':seq'), 'p', f.p, 'n', now,
+    'ep', f.ep or '')
+  redis.call('RPUSH', dest, f.id)
 end
-if #ids > 0 then
-  redis.call('HINCRBY', tkey(t), 'n', #ids)
-  if st[1] == '1' then
-    redis.call('RPUSH', hold(t), unpack(ids))
-    redis.call('HINCRBY', tkey(t), 'h', #ids)
-  else
-    redis.call('RPUSH', lane(t), unpack(ids))
-    activate(t)
-  end
-end
-return { 'OK', #ids }
+local set = { 'n', num(st[3], 0) + #take }
+if st[1] == '1' then set[3] = 'h'; set[4] = num(redis.call('HGET', tk, 'h'), 0) + #take end
+redis.call('HSET', tk, unpack(set))
+if st[1] ~= '1' then activate(t) end
+return { 'OK', #take, next_cursor, #entries }

@@ -1,5 +1,5 @@
 -- ARGV: tenant, limit. Appends the hold buffer to the lane in order and
--- unpauses. A long buffer is moved in steps of `limit` (the tenant stays
+-- unpauses (and stops copying its claims, should a move have begun). A long buffer is moved in steps of `limit` (the tenant stays
 -- paused meanwhile, so order holds): returns {'MORE', moved} until {'DONE', moved}.
 local t, limit = ARGV[1], tonumber(ARGV[2])
 local tk = tkey(t)
@@ -16,6 +16,8 @@ else
   end
 end
 redis.call('HSET', tk, 'p', 0, 'h', 0)
-redis.call('HDEL', tk, 'm')
+-- a move that ends here (or was given up) no longer copies claims
+redis.call('HDEL', tk, 'm', 'xc')
+redis.call('UNLINK', P .. ':idsx:' .. t)
 activate(t)
 return { 'DONE', moved }
