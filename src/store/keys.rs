@@ -23,4 +23,3 @@ pub fn dead_letters_dropped(prefix: &str) -> String {
 pub fn claims(prefix: &str, period: u64, tenant: &str) -> String {
     format!("{prefix}:ids:{period}:{tenant}")
 }
-

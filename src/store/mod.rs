@@ -1433,7 +1433,7 @@ impl Store {
                             vec![
                                 period.to_string().into_bytes(),
                                 cursor.clone().into_bytes(),
-                                CLAIMS_CHUNK.to_string().into_bytes(),
+                                (CLAIMS_CHUNK / 2).to_string().into_bytes(),
                             ],
                         ),
                     )
@@ -1442,8 +1442,10 @@ impl Store {
                 let Some((next, ids)) = page.split_first() else {
                     return Err(unexpected("claims", &page));
                 };
-                if !ids.is_empty() {
-                    self.run_owned(Func::Claims, target, claims("import", ids.iter().map(bytes).collect()))
+                // SSCAN's count is a hint: a step may return more
+                for chunk in ids.chunks(CLAIMS_CHUNK) {
+                    let chunk: Vec<Vec<u8>> = chunk.iter().map(bytes).collect();
+                    self.run_owned(Func::Claims, target, claims("import", chunk))
                         .await?;
                 }
                 cursor = string(next);
@@ -1660,13 +1662,15 @@ impl Store {
                     next: (!next.is_empty()).then_some(next),
                 }))
             }
-            (Some("MOVED"), [_, to]) => string(to)
-                .parse()
-                .map(Err)
-                .map_err(|e| StoreError::Protocol {
-                    script: "replay_dead",
-                    detail: format!("MOVED to {e}"),
-                }),
+            (Some("MOVED"), [_, to]) => {
+                string(to)
+                    .parse()
+                    .map(Err)
+                    .map_err(|e| StoreError::Protocol {
+                        script: "replay_dead",
+                        detail: format!("MOVED to {e}"),
+                    })
+            }
             _ => Err(unexpected("replay_dead", &items)),
         }
     }

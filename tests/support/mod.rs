@@ -6,6 +6,7 @@
 pub mod controlplane;
 pub mod dataplane;
 pub mod demo;
+pub mod integrity;
 pub mod lanes;
 pub mod model;
 pub mod process;

@@ -44,11 +44,11 @@
 --                           only slot (PerTenant ordering), '0' otherwise: the member names the
 --                           tenant, so a retry whose record is gone still settles its tenant
 --   P:dl:<tenant>     STREAM the tenant's dead letters, oldest first: id, a attempts, c cause,
---                           at ms, p payload, ep endpoint. Bounded by the policy's dlmax (count,
---                           trimmed by whole stream nodes, so it may exceed it by up to ~100) and
---                           dlage (seconds); what retention drops is counted in the tenant's dx
---                           and the queue's P:dlx
+--                           at ms, p payload, ep endpoint. Bounded by the policy's dlmax (count)
+--                           and dlage (seconds), see dl_retain; what retention drops is counted
+--                           in the tenant's dx and the queue's P:dlx
 --   P:dlx             STRING dead letters dropped by retention, all tenants
+--   P:dlq             ZSET  tenant -> ms of its oldest dead letter (maintenance ages them out)
 --   P:dead            LIST  dead letters of library versions before per-tenant streams (read only)
 --   P:wsu:<bucket>    HASH  tenant -> worker-microseconds (integer) in a 10 s bucket (expires);
 --                           library versions before it kept seconds in P:ws:<bucket> with
@@ -433,28 +433,75 @@ local function settle(t, charged, actual, now, free_slot, outcome)
   return num(st[6], 0)
 end
 
--- Record a dead letter of tenant `t` in its stream, after the retention
--- bound (count and age, a bounded amount of work per call: trimming goes by
--- whole stream nodes, at most 1000 entries), and delete the envelope's
--- record. The caller has counted it (settle 'dead'). Cannot fail.
-local function dead_letter(t, id, attempts, cause, now, payload, ep)
+-- Delete the oldest entries of stream `k` up to and including stream id
+-- `last` ('+' for any), at most `n` (at most 100) of them. Returns the count.
+local function xdel_oldest(k, last, n)
+  if n <= 0 then return 0 end
+  local old = redis.call('XRANGE', k, '-', last, 'COUNT', math.min(n, 100))
+  if #old == 0 then return 0 end
+  local ids = {}
+  for i, e in ipairs(old) do ids[i] = e[1] end
+  return redis.call('XDEL', k, unpack(ids))
+end
+
+-- Apply the retention bound to tenant `t`'s dead letters: the oldest go once
+-- it has more than DL_MAX, and any older than DL_AGE_MS (Redis time; not
+-- under the simulator's virtual clock). Bounded work per call whatever the
+-- stream holds: whole stream nodes first (at most 1000 entries), then at
+-- most 100 single entries; what is left over goes at the next call. What
+-- is dropped is counted in the tenant's dx and the queue's P:dlx. Keeps
+-- the tenant's entry in P:dlq (tenant -> ms of its oldest letter), which
+-- maintenance reads to age out letters of tenants that add no more.
+local function dl_retain(t)
   local k = dlkey(t)
   local dropped = 0
-  if redis.call('XLEN', k) >= DL_MAX then
-    dropped = redis.call('XTRIM', k, 'MAXLEN', '~', DL_MAX - 1, 'LIMIT', 1000)
+  local len = redis.call('XLEN', k)
+  if len > DL_MAX then
+    dropped = redis.call('XTRIM', k, 'MAXLEN', '~', DL_MAX, 'LIMIT', 1000)
+    dropped = dropped + xdel_oldest(k, '+', len - dropped - DL_MAX)
   end
-  -- stream ids are Redis ms; under the simulator's virtual clock age is not applied
   if not CLOCK then
-    local t_ = redis.call('TIME')
-    local since = tonumber(t_[1]) * 1000 - DL_AGE_MS
-    if since > 0 then dropped = dropped + redis.call('XTRIM', k, 'MINID', '~', since, 'LIMIT', 1000) end
+    local tm = redis.call('TIME')
+    local since = tonumber(tm[1]) * 1000 + math.floor(tonumber(tm[2]) / 1000) - DL_AGE_MS
+    if since > 1 then
+      local d = redis.call('XTRIM', k, 'MINID', '~', since, 'LIMIT', 1000)
+      dropped = dropped + d + xdel_oldest(k, since - 1, 100)
+    end
   end
-  redis.call('XADD', k, '*', 'id', id, 'a', istr(attempts), 'c', cause, 'at', now, 'p', payload or '', 'ep', ep or '')
   if dropped > 0 then
     redis.call('HINCRBY', tkey(t), 'dx', dropped)
     redis.call('INCRBY', P .. ':dlx', dropped)
   end
+  local first = redis.call('XRANGE', k, '-', '+', 'COUNT', 1)[1]
+  if first then
+    redis.call('ZADD', P .. ':dlq', tonumber(string.match(first[1], '^(%d+)')), t)
+  else
+    redis.call('ZREM', P .. ':dlq', t)
+  end
+  return dropped
+end
+
+-- Record a dead letter of tenant `t` in its stream, apply the retention
+-- bound, and delete the envelope's record. The caller has counted it
+-- (settle 'dead'). Cannot fail.
+local function dead_letter(t, id, attempts, cause, now, payload, ep)
+  redis.call('XADD', dlkey(t), '*', 'id', id, 'a', istr(attempts), 'c', cause, 'at', now, 'p', payload or '',
+    'ep', ep or '')
+  dl_retain(t)
   redis.call('DEL', ekey(t, id))
+end
+
+-- Age out the dead letters of up to `limit` tenants whose oldest letter is
+-- past DL_AGE_MS (maintenance: a tenant that adds no letters still loses
+-- its old ones).
+local function dl_expire(limit)
+  if CLOCK then return end
+  local tm = redis.call('TIME')
+  local since = tonumber(tm[1]) * 1000 + math.floor(tonumber(tm[2]) / 1000) - DL_AGE_MS
+  if since <= 1 then return end
+  for _, t in ipairs(redis.call('ZRANGEBYSCORE', P .. ':dlq', '-inf', '(' .. since, 'LIMIT', 0, limit)) do
+    dl_retain(t)
+  end
 end
 
 -- The cause given when an envelope's record is gone (evicted, deleted by

@@ -1,6 +1,8 @@
--- ARGV: limit. Promotes due retries, reaps expired leases and lifts
--- breaker blocks that have run out. Returns {promoted, reaped}.
+-- ARGV: limit. Promotes due retries, reaps expired leases, lifts breaker
+-- blocks that have run out, and ages out old dead letters (of at most 8
+-- tenants). Returns {promoted, reaped}.
 local limit = tonumber(ARGV[1])
 local now = now_ms()
 unblock_due(now, limit)
+dl_expire(8)
 return { promote_due(now, limit), reap(now, limit) }

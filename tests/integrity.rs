@@ -1,0 +1,73 @@
+//! Store integrity (issue 17) against a real redis-server: tenants cannot
+//! touch each other's envelopes, dead letters are per tenant, bounded and
+//! replayed in bounded steps, and lost or evicted state never wedges a
+//! tenant. The bodies live in `support::integrity`; the cluster-relevant
+//! ones also run on the Redis Cluster harness (`tests/cluster.rs`).
+
+mod support;
+
+use support::integrity as body;
+
+fn url() -> &'static str {
+    &support::redis::shared().url
+}
+
+#[tokio::test]
+async fn same_id_in_two_tenants_is_two_envelopes() {
+    body::same_id_in_two_tenants_is_two_envelopes(url()).await;
+}
+
+#[tokio::test]
+async fn the_lease_not_the_payload_names_the_tenant() {
+    body::the_lease_not_the_payload_names_the_tenant(url()).await;
+}
+
+#[tokio::test]
+async fn a_move_keeps_envelopes_whose_id_another_tenant_used() {
+    body::a_move_keeps_envelopes_whose_id_another_tenant_used(url()).await;
+}
+
+#[tokio::test]
+async fn idempotency_survives_a_move() {
+    body::idempotency_survives_a_move(url()).await;
+}
+
+#[tokio::test]
+async fn claims_made_during_the_copy_travel_too() {
+    body::claims_made_during_the_copy_travel_too(url()).await;
+}
+
+#[tokio::test]
+async fn replaying_ten_thousand_dead_letters_loses_none() {
+    body::replaying_ten_thousand_dead_letters_loses_none(url()).await;
+}
+
+#[tokio::test]
+async fn dead_letters_are_per_tenant() {
+    body::dead_letters_are_per_tenant(url()).await;
+}
+
+#[tokio::test]
+async fn dead_letter_retention_is_bounded_and_counted() {
+    body::dead_letter_retention_is_bounded_and_counted(url()).await;
+}
+
+#[tokio::test]
+async fn dead_letters_age_out() {
+    body::dead_letters_age_out(url()).await;
+}
+
+#[tokio::test]
+async fn a_missing_record_never_wedges_its_tenant() {
+    body::a_missing_record_never_wedges_its_tenant(url()).await;
+}
+
+#[tokio::test]
+async fn reaped_leases_do_not_open_the_breaker() {
+    body::reaped_leases_do_not_open_the_breaker(url()).await;
+}
+
+#[tokio::test]
+async fn a_tiny_quantum_does_not_livelock() {
+    body::a_tiny_quantum_does_not_livelock(url()).await;
+}
