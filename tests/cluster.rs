@@ -82,6 +82,26 @@ async fn whale_cannot_delay_the_small_tenant() {
     support::dataplane::whale_cannot_delay_the_small_tenant(&shared().url).await;
 }
 
+/// Store integrity (issue 17) across slots: the scripts that name an
+/// envelope by tenant and id, copy claims, and keep dead letters per tenant.
+#[tokio::test]
+async fn integrity_same_id_in_two_tenants() {
+    support::integrity::same_id_in_two_tenants_is_two_envelopes(&shared().url).await;
+}
+
+#[tokio::test]
+async fn integrity_moves_keep_ids_and_claims_across_slots() {
+    support::integrity::a_move_keeps_envelopes_whose_id_another_tenant_used(&shared().url).await;
+    support::integrity::idempotency_survives_a_move(&shared().url).await;
+}
+
+#[tokio::test]
+async fn integrity_dead_letters_per_tenant_bounded_and_replayed() {
+    support::integrity::dead_letters_are_per_tenant(&shared().url).await;
+    support::integrity::dead_letter_retention_is_bounded_and_counted(&shared().url).await;
+    support::integrity::replaying_ten_thousand_dead_letters_loses_none(&shared().url).await;
+}
+
 #[tokio::test]
 async fn pause_hold_and_moved_work_across_slots() {
     support::dataplane::paused_tenant_is_held_and_moved_tenant_answers_moved(&shared().url).await;

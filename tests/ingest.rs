@@ -704,10 +704,50 @@ async fn dead_letters_are_listed_and_replayed_and_stats_show_the_tenant() {
         )
         .await;
     assert_eq!(s, StatusCode::OK, "{v}");
-    let dead = v.as_array().unwrap();
+    let dead = v["items"].as_array().unwrap();
     assert_eq!(dead.len(), 2, "{v}");
+    assert!(v.get("nextCursor").is_none(), "{v}");
     assert_eq!(dead[0]["cause"], "HTTP 410 Gone");
     let first = dead[0]["id"].as_str().unwrap().to_string();
+    // Paged: one at a time, following nextCursor, oldest first.
+    let (s, v, _) = a
+        .call(
+            reqwest::Method::GET,
+            "/v1/tenants/acme/dead-letters?limit=1",
+            Some(&a.acme),
+            None,
+        )
+        .await;
+    assert_eq!(s, StatusCode::OK, "{v}");
+    assert_eq!(v["items"][0]["id"], first.as_str(), "{v}");
+    let cursor = v["nextCursor"].as_str().unwrap().to_string();
+    let (s, v, _) = a
+        .call(
+            reqwest::Method::GET,
+            &format!("/v1/tenants/acme/dead-letters?limit=1&cursor={cursor}"),
+            Some(&a.acme),
+            None,
+        )
+        .await;
+    assert_eq!(s, StatusCode::OK, "{v}");
+    assert_eq!(v["items"].as_array().unwrap().len(), 1, "{v}");
+    assert_ne!(v["items"][0]["id"], first.as_str(), "{v}");
+    // A cursor that no listing gave is a 400 naming the field.
+    for bad in ["nonsense", "shard-00@1-x", "lane-9@-"] {
+        let (s, v, _) = a
+            .call(
+                reqwest::Method::GET,
+                &format!("/v1/tenants/acme/dead-letters?cursor={bad}"),
+                Some(&a.acme),
+                None,
+            )
+            .await;
+        assert_eq!(
+            (s, v["field"].as_str()),
+            (StatusCode::BAD_REQUEST, Some("cursor")),
+            "{bad}: {v}"
+        );
+    }
     let (s, v, _) = a
         .call(
             reqwest::Method::GET,

@@ -1,6 +1,9 @@
 //! The model property test's body (see `tests/model.rs`), shared with the
-//! Redis Cluster tests: random sequences of enqueue, lease, ack, nack, lease
-//! expiry and reap against the real store at a URL.
+//! Redis Cluster tests: random sequences of enqueue (tenants share ids),
+//! retries of ids already sent, lease, ack, nack, dead-lettering, lease
+//! expiry and reap, records deleted behind the store's back, dead-letter
+//! replays and moves of a tenant between two queues, against the real store
+//! at a URL.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -9,28 +12,119 @@ use std::time::Duration;
 use lanekeeper::envelope::Envelope;
 use lanekeeper::routing::QueueId;
 use lanekeeper::scheduler::QueuePolicy;
-use lanekeeper::store::{Failure, Lease, LeaseOutcome, SetId, Store};
+use lanekeeper::store::{keys, EnqueueOutcome, Failure, Lease, LeaseOutcome, SetId, Store};
 use proptest::prelude::*;
 
 const Q: QueueId = QueueId::Shard(0);
+const LANE: QueueId = QueueId::Lane(0);
+const TENANTS: usize = 3;
 
 #[derive(Clone, Debug)]
 pub enum Op {
     Enqueue(u8),
-    Lease { expiring: bool },
+    /// A producer's retry of an id the tenant sent before: always a duplicate.
+    Retry(u8, usize),
+    Lease {
+        lane: bool,
+        expiring: bool,
+    },
     Ack(usize),
     Nack(usize),
+    /// Dead-letter a held lease (a refused delivery).
+    Kill(usize),
     Reap,
+    /// Delete the record of one of the tenant's envelopes (eviction, a hand edit).
+    DeleteRecord(u8, usize),
+    Replay(u8),
+    /// Move the tenant to the other queue (given up if it is not drained).
+    Move(u8),
 }
 
 pub fn op() -> impl Strategy<Value = Op> {
     prop_oneof![
         3 => (0u8..3).prop_map(Op::Enqueue),
-        3 => any::<bool>().prop_map(|e| Op::Lease { expiring: e }),
+        1 => (0u8..3, 0usize..32).prop_map(|(t, k)| Op::Retry(t, k)),
+        3 => (any::<bool>(), any::<bool>()).prop_map(|(lane, e)| Op::Lease { lane, expiring: e }),
         2 => (0usize..8).prop_map(Op::Ack),
         1 => (0usize..8).prop_map(Op::Nack),
+        1 => (0usize..8).prop_map(Op::Kill),
         1 => Just(Op::Reap),
+        1 => (0u8..3, 0usize..32).prop_map(|(t, k)| Op::DeleteRecord(t, k)),
+        1 => (0u8..3).prop_map(Op::Replay),
+        1 => (0u8..3).prop_map(Op::Move),
     ]
+}
+
+type Key = (String, String); // (tenant, id)
+
+struct Model {
+    s: Store,
+    raw: Raw,
+    /// Where each tenant lives.
+    at: [QueueId; TENANTS],
+    next: [u64; TENANTS],
+    enqueued: BTreeSet<Key>,
+    /// Records deleted behind the store's back: each ends acked (its lease
+    /// had the payload) or as a "record missing" dead letter.
+    deleted: BTreeSet<Key>,
+    /// Dead-lettered at some time (a replay may bring it back, out of order).
+    killed: BTreeSet<Key>,
+    held: Vec<Lease>,
+    acked: BTreeMap<Key, u32>,
+    order: BTreeMap<String, Vec<u64>>,
+}
+
+enum Raw {
+    Single(redis::aio::MultiplexedConnection),
+    Cluster(redis::cluster_async::ClusterConnection),
+}
+
+impl Raw {
+    async fn del(&mut self, key: String) {
+        let cmd = redis::cmd("DEL").arg(key).clone();
+        match self {
+            Raw::Single(c) => cmd.query_async::<()>(c).await.unwrap(),
+            Raw::Cluster(c) => cmd.query_async::<()>(c).await.unwrap(),
+        }
+    }
+}
+
+impl Model {
+    fn tenant(t: u8) -> String {
+        format!("t{t}")
+    }
+
+    fn ack(&mut self, l: &Lease) -> Result<(), TestCaseError> {
+        let env = l.envelope().unwrap();
+        // identity: the payload is the one this tenant stored under this id
+        prop_assert_eq!(&env.payload["tenant"], &serde_json::json!(l.tenant));
+        let seq = env.payload["seq"].as_u64().unwrap();
+        prop_assert_eq!(format!("e{seq}"), l.id.clone());
+        let key = (l.tenant.clone(), l.id.clone());
+        *self.acked.entry(key.clone()).or_default() += 1;
+        if !self.killed.contains(&key) && !self.deleted.contains(&key) {
+            self.order.entry(l.tenant.clone()).or_default().push(seq);
+        }
+        Ok(())
+    }
+
+    async fn relocate(&mut self, t: u8) {
+        let tenant = Self::tenant(t);
+        let from = self.at[t as usize];
+        let to = if from == Q { LANE } else { Q };
+        self.s.pause(from, &tenant).await.unwrap();
+        let st = self.s.tenant_state(from, &tenant).await.unwrap();
+        if !st.drained() {
+            // given up: resumed in place, as a drain timeout does
+            self.s.resume(from, &tenant).await.unwrap();
+            return;
+        }
+        self.s.pause(to, &tenant).await.unwrap();
+        assert!(self.s.mark_moved(from, &tenant, to).await.unwrap());
+        self.s.move_hold(from, to, &tenant).await.unwrap();
+        self.s.resume(to, &tenant).await.unwrap();
+        self.at[t as usize] = to;
+    }
 }
 
 pub async fn run(url: &str, ops: Vec<Op>, ordered: bool) -> Result<(), TestCaseError> {
@@ -44,52 +138,99 @@ pub async fn run(url: &str, ops: Vec<Op>, ordered: bool) -> Result<(), TestCaseE
         ..Default::default()
     };
     s.configure_queue(Q, &policy).await.unwrap();
-    let mut next = [0u64; 3];
-    let mut enqueued = BTreeSet::new();
-    let mut held: Vec<Lease> = Vec::new();
-    let mut acked: BTreeMap<String, u32> = BTreeMap::new();
-    let mut order: BTreeMap<String, Vec<u64>> = BTreeMap::new();
-    let ack =
-        |l: &Lease, acked: &mut BTreeMap<String, u32>, order: &mut BTreeMap<String, Vec<u64>>| {
-            *acked.entry(l.id.clone()).or_default() += 1;
-            let seq = l.envelope().unwrap().payload["seq"].as_u64().unwrap();
-            order.entry(l.tenant.clone()).or_default().push(seq);
-        };
+    s.configure_queue(LANE, &policy).await.unwrap();
+    let raw = match lanekeeper::store::cluster_nodes(url) {
+        Some(nodes) => Raw::Cluster(
+            redis::cluster::ClusterClient::new(nodes.unwrap())
+                .unwrap()
+                .get_async_connection()
+                .await
+                .unwrap(),
+        ),
+        None => Raw::Single(
+            redis::Client::open(url)
+                .unwrap()
+                .get_multiplexed_async_connection()
+                .await
+                .unwrap(),
+        ),
+    };
+    let mut m = Model {
+        s,
+        raw,
+        at: [Q; TENANTS],
+        next: [0; TENANTS],
+        enqueued: BTreeSet::new(),
+        deleted: BTreeSet::new(),
+        killed: BTreeSet::new(),
+        held: Vec::new(),
+        acked: BTreeMap::new(),
+        order: BTreeMap::new(),
+    };
     for op in ops {
         match op {
             Op::Enqueue(t) => {
-                let tenant = format!("t{t}");
-                let seq = next[t as usize];
-                next[t as usize] += 1;
+                let tenant = Model::tenant(t);
+                let seq = m.next[t as usize];
+                m.next[t as usize] += 1;
+                // every tenant uses the same ids: e0, e1, ...
                 let e = Envelope {
-                    id: format!("{tenant}-{seq}"),
-                    tenant,
+                    id: format!("e{seq}"),
+                    tenant: tenant.clone(),
                     endpoint: None,
                     event_type: None,
-                    payload: serde_json::json!({ "seq": seq }),
+                    payload: serde_json::json!({ "seq": seq, "tenant": tenant }),
                 };
-                s.enqueue(Q, &e).await.unwrap();
-                enqueued.insert(e.id);
+                let out = m.s.enqueue(m.at[t as usize], &e).await.unwrap();
+                prop_assert!(
+                    matches!(
+                        out,
+                        EnqueueOutcome::Queued { .. } | EnqueueOutcome::Held { .. }
+                    ),
+                    "{:?}",
+                    out
+                );
+                m.enqueued.insert((tenant, e.id));
             }
-            Op::Lease { expiring } => {
+            Op::Retry(t, k) if m.next[t as usize] > 0 => {
+                let tenant = Model::tenant(t);
+                let seq = k as u64 % m.next[t as usize];
+                let e = Envelope {
+                    id: format!("e{seq}"),
+                    tenant: tenant.clone(),
+                    endpoint: None,
+                    event_type: None,
+                    payload: serde_json::json!({ "seq": seq, "tenant": tenant, "retry": true }),
+                };
+                let out = m.s.enqueue(m.at[t as usize], &e).await.unwrap();
+                prop_assert_eq!(
+                    out,
+                    EnqueueOutcome::Duplicate,
+                    "retry of {}/e{}",
+                    tenant,
+                    seq
+                );
+            }
+            Op::Lease { lane, expiring } => {
                 let d = if expiring {
                     Duration::from_millis(1)
                 } else {
                     Duration::from_secs(60)
                 };
-                if let LeaseOutcome::Leased(l) = s.lease(Q, "w", d).await.unwrap() {
-                    held.push(l);
+                let q = if lane { LANE } else { Q };
+                if let LeaseOutcome::Leased(l) = m.s.lease(q, "w", d).await.unwrap() {
+                    m.held.push(l);
                 }
             }
-            Op::Ack(i) if !held.is_empty() => {
-                let l = held.remove(i % held.len());
-                if s.ack(&l, Duration::from_millis(3)).await.unwrap() {
-                    ack(&l, &mut acked, &mut order);
+            Op::Ack(i) if !m.held.is_empty() => {
+                let l = m.held.remove(i % m.held.len());
+                if m.s.ack(&l, Duration::from_millis(3)).await.unwrap() {
+                    m.ack(&l)?;
                 }
             }
-            Op::Nack(i) if !held.is_empty() => {
-                let l = held.remove(i % held.len());
-                s.nack(
+            Op::Nack(i) if !m.held.is_empty() => {
+                let l = m.held.remove(i % m.held.len());
+                m.s.nack(
                     &l,
                     Duration::from_millis(3),
                     &Failure::retry("model failure", Duration::from_millis(1)),
@@ -97,61 +238,137 @@ pub async fn run(url: &str, ops: Vec<Op>, ordered: bool) -> Result<(), TestCaseE
                 .await
                 .unwrap();
             }
+            Op::Kill(i) if !m.held.is_empty() => {
+                let l = m.held.remove(i % m.held.len());
+                let out =
+                    m.s.nack(
+                        &l,
+                        Duration::from_millis(3),
+                        &Failure::dead("model refusal"),
+                    )
+                    .await
+                    .unwrap();
+                if !matches!(out, lanekeeper::store::NackOutcome::Stale) {
+                    m.killed.insert((l.tenant.clone(), l.id.clone()));
+                }
+            }
             Op::Reap => {
                 tokio::time::sleep(Duration::from_millis(3)).await;
-                s.maintain(Q, 100).await.unwrap();
+                for q in [Q, LANE] {
+                    m.s.maintain(q, 100).await.unwrap();
+                }
             }
+            Op::DeleteRecord(t, k) if m.next[t as usize] > 0 => {
+                let tenant = Model::tenant(t);
+                let id = format!("e{}", k as u64 % m.next[t as usize]);
+                let key = (tenant.clone(), id.clone());
+                if m.enqueued.contains(&key) && !m.acked.contains_key(&key) {
+                    for q in [Q, LANE] {
+                        m.raw
+                            .del(keys::envelope(&m.s.queue_prefix(q), &tenant, &id))
+                            .await;
+                    }
+                    m.deleted.insert(key);
+                }
+            }
+            Op::Replay(t) => {
+                let tenant = Model::tenant(t);
+                let _ =
+                    m.s.replay_dead(m.at[t as usize], &tenant, &[])
+                        .await
+                        .unwrap();
+            }
+            Op::Move(t) => m.relocate(t).await,
             _ => {}
         }
     }
-    // Finish: deliver everything still owed (held leases may have expired and moved on).
-    for l in std::mem::take(&mut held) {
-        if s.ack(&l, Duration::from_millis(1)).await.unwrap() {
-            ack(&l, &mut acked, &mut order);
+    // Finish: deliver everything still owed (held leases may have expired and
+    // moved on), replaying every tenant's dead letters where it lives.
+    for l in std::mem::take(&mut m.held) {
+        if m.s.ack(&l, Duration::from_millis(1)).await.unwrap() {
+            m.ack(&l)?;
         }
     }
-    for _ in 0..10_000 {
-        match s.lease(Q, "w", Duration::from_secs(60)).await.unwrap() {
-            LeaseOutcome::Leased(l) => {
-                prop_assert!(s.ack(&l, Duration::from_millis(1)).await.unwrap());
-                ack(&l, &mut acked, &mut order);
-            }
-            LeaseOutcome::Again => {}
-            LeaseOutcome::Empty { .. } => {
-                tokio::time::sleep(Duration::from_millis(3)).await;
-                let (p, r) = s.maintain(Q, 1000).await.unwrap();
-                if p == 0
-                    && r == 0
-                    && matches!(
-                        s.lease(Q, "probe", Duration::from_millis(1)).await.unwrap(),
-                        LeaseOutcome::Empty { .. }
-                    )
-                {
-                    break;
+    for t in 0..TENANTS as u8 {
+        let tenant = Model::tenant(t);
+        m.s.replay_dead(m.at[t as usize], &tenant, &[])
+            .await
+            .unwrap()
+            .ok();
+    }
+    for q in [Q, LANE] {
+        for _ in 0..10_000 {
+            match m.s.lease(q, "w", Duration::from_secs(60)).await.unwrap() {
+                LeaseOutcome::Leased(l) => {
+                    prop_assert!(m.s.ack(&l, Duration::from_millis(1)).await.unwrap());
+                    m.ack(&l)?;
+                }
+                LeaseOutcome::Again => {}
+                LeaseOutcome::Empty { .. } => {
+                    tokio::time::sleep(Duration::from_millis(3)).await;
+                    let (p, r) = m.s.maintain(q, 1000).await.unwrap();
+                    if p == 0 && r == 0 {
+                        match m.s.lease(q, "w", Duration::from_secs(60)).await.unwrap() {
+                            LeaseOutcome::Empty { .. } => break,
+                            LeaseOutcome::Leased(l) => {
+                                prop_assert!(m.s.ack(&l, Duration::from_millis(1)).await.unwrap());
+                                m.ack(&l)?;
+                            }
+                            LeaseOutcome::Again => {}
+                        }
+                    }
                 }
             }
         }
     }
-    let delivered: BTreeSet<String> = acked.keys().cloned().collect();
-    prop_assert_eq!(&delivered, &enqueued, "lost envelopes");
+    // What is left as dead letters: records that went missing (no payload to
+    // replay), and killed envelopes of a tenant that moved away since.
+    let mut dead: BTreeMap<Key, String> = BTreeMap::new();
+    for q in [Q, LANE] {
+        for t in 0..TENANTS as u8 {
+            let tenant = Model::tenant(t);
+            let page = m.s.dead_letters(q, &tenant, None, 1000).await.unwrap();
+            for d in page.letters {
+                dead.insert((tenant.clone(), d.id), d.cause);
+            }
+        }
+    }
+    for key in &m.enqueued {
+        let acked = m.acked.get(key).copied().unwrap_or(0);
+        prop_assert!(acked <= 1, "{:?} acked {} times", key, acked);
+        if acked == 0 {
+            let cause = dead.get(key);
+            prop_assert!(
+                cause.is_some(),
+                "{:?} lost: neither delivered nor a dead letter",
+                key
+            );
+            let cause = cause.unwrap();
+            prop_assert!(
+                (m.deleted.contains(key) && cause.contains("record missing"))
+                    || m.killed.contains(key),
+                "{:?} dead for no reason of the model's: {}",
+                key,
+                cause
+            );
+        }
+    }
     prop_assert!(
-        acked.values().all(|n| *n == 1),
-        "an envelope was acked twice: {:?}",
-        acked
+        m.acked.keys().all(|k| m.enqueued.contains(k)),
+        "an envelope nobody enqueued was delivered"
     );
-    // Attribution agrees: nothing outstanding, every delivery counted once.
-    let stats = s.tenant_stats(Q, Duration::from_secs(600)).await.unwrap();
-    prop_assert!(
-        stats.iter().all(|t| t.depth == 0),
-        "depth left over: {:?}",
-        stats
-    );
-    prop_assert_eq!(
-        stats.iter().map(|t| t.delivered).sum::<u64>(),
-        enqueued.len() as u64
-    );
+    // Attribution agrees: nothing outstanding.
+    for q in [Q, LANE] {
+        let stats = m.s.tenant_stats(q, Duration::from_secs(600)).await.unwrap();
+        prop_assert!(
+            stats.iter().all(|t| t.depth == 0),
+            "depth left over in {}: {:?}",
+            q,
+            stats
+        );
+    }
     if ordered {
-        for (t, seqs) in &order {
+        for (t, seqs) in &m.order {
             prop_assert!(
                 seqs.windows(2).all(|w| w[0] < w[1]),
                 "{} out of order: {:?}",
