@@ -71,3 +71,8 @@ async fn reaped_leases_do_not_open_the_breaker() {
 async fn a_tiny_quantum_does_not_livelock() {
     body::a_tiny_quantum_does_not_livelock(url()).await;
 }
+
+#[tokio::test]
+async fn lane_moves_and_reshards_take_turns() {
+    body::lane_moves_and_reshards_take_turns(url()).await;
+}

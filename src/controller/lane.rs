@@ -230,14 +230,7 @@ pub fn conditions(
             generation,
         ),
     };
-    let moving = matches!(
-        st.phase,
-        LanePhase::Pausing
-            | LanePhase::Draining
-            | LanePhase::Repinning
-            | LanePhase::Scaling
-            | LanePhase::Retiring
-    );
+    let moving = moving(st.phase);
     let relocating = if moving {
         condition(
             prev,
@@ -249,6 +242,16 @@ pub fn conditions(
                 "Retiring"
             },
             format!("moving from {source} to {target}"),
+            generation,
+        )
+    } else if st.waiting_for_reshard {
+        condition(
+            prev,
+            "Relocating",
+            false,
+            "WaitingForReshard",
+            "the ShardSet is changing its shard count; this lane's move starts when that is done"
+                .to_string(),
             generation,
         )
     } else if st.next_attempt_at.is_some() {
@@ -279,6 +282,18 @@ pub fn conditions(
         )
     };
     vec![ready, relocating, admitted]
+}
+
+/// Is a lane in this phase moving its tenant?
+pub fn moving(phase: LanePhase) -> bool {
+    matches!(
+        phase,
+        LanePhase::Pausing
+            | LanePhase::Draining
+            | LanePhase::Repinning
+            | LanePhase::Scaling
+            | LanePhase::Retiring
+    )
 }
 
 /// Is this lane waiting because of the cap? (For the ShardSet's `LaneCapReached`.)
@@ -403,6 +418,12 @@ impl Io<'_> {
         let before = self.lane.status.clone().unwrap_or_default();
         let mut st = st.clone();
         st.observed_generation = self.lane.metadata.generation;
+        if !moving(st.phase) {
+            // Not moving (any more): a reshard may take its turn.
+            if let Some(i) = st.lane_index.or(before.lane_index) {
+                self.store.lane_move_end(i, &self.lane.name_any()).await?;
+            }
+        }
         st.conditions = conditions(
             &st,
             refusal,
@@ -742,10 +763,21 @@ async fn step_until_wait(io: &mut Io<'_>) -> Result<Action, LaneError> {
                 }
                 let index = st.lane_index.unwrap_or(0);
                 let lane_q = QueueId::Lane(index as u8);
+                // Lane moves and reshards take turns (see `Store::lane_move_begin`).
+                if !io.store.lane_move_begin(index, &io.lane.name_any()).await? {
+                    if !st.waiting_for_reshard {
+                        st.waiting_for_reshard = true;
+                        io.write(&st, None).await?;
+                    }
+                    return Ok(Action::requeue(Duration::from_secs(2)));
+                }
+                st.waiting_for_reshard = false;
                 let routing = io.store.routing().await?;
                 if matches!(routing.pins.get(&tenant), Some(QueueId::Shard(_))) {
-                    // A reshard is moving the tenant (see `reshard`): take it
-                    // once it is on its new hash shard.
+                    // A move a reshard began and did not finish (the gate
+                    // keeps new ones from starting): take the tenant once it
+                    // is on its new hash shard.
+                    io.store.lane_move_end(index, &io.lane.name_any()).await?;
                     return Ok(Action::requeue(Duration::from_secs(1)));
                 }
                 let from = routing.route(&tenant);
@@ -756,10 +788,12 @@ async fn step_until_wait(io: &mut Io<'_>) -> Result<Action, LaneError> {
                 crash_hook(phase);
                 if from == lane_q {
                     // Pinned here already (a crash after Repinning of an
-                    // earlier record): finish the move.
+                    // earlier record): finish the move through every step,
+                    // so the hash shard's hold buffer comes along (pausing,
+                    // draining and marking are idempotent).
                     st.source_queue = Some(hash_shard(&tenant, routing.shards).to_string());
                     st.target_queue = Some(lane_q.to_string());
-                    st.phase = LanePhase::Scaling;
+                    st.phase = LanePhase::Pausing;
                 } else {
                     st.source_queue = Some(from.to_string());
                     st.target_queue = Some(lane_q.to_string());
@@ -903,12 +937,20 @@ async fn step_until_wait(io: &mut Io<'_>) -> Result<Action, LaneError> {
             }
             LanePhase::Active => {
                 if want_out && !waiting_out {
-                    let routing = io.store.routing().await?;
                     let Some(index) = st.lane_index else {
                         st.phase = LanePhase::Pending;
                         io.write(&st, None).await?;
                         continue;
                     };
+                    if !io.store.lane_move_begin(index, &io.lane.name_any()).await? {
+                        if !st.waiting_for_reshard {
+                            st.waiting_for_reshard = true;
+                            io.write(&st, None).await?;
+                        }
+                        return Ok(Action::requeue(Duration::from_secs(2)));
+                    }
+                    st.waiting_for_reshard = false;
+                    let routing = io.store.routing().await?;
                     st.source_queue = Some(QueueId::Lane(index as u8).to_string());
                     st.target_queue = Some(hash_shard(&tenant, routing.shards).to_string());
                     st.phase = LanePhase::Retiring;
@@ -1139,6 +1181,28 @@ mod tests {
         assert_eq!(drain_backoff(timeout, 2), Duration::from_secs(20));
         assert_eq!(drain_backoff(timeout, 3), Duration::from_secs(40));
         assert_eq!(drain_backoff(timeout, 30), MAX_DRAIN_BACKOFF);
+    }
+
+    #[test]
+    fn a_lane_waiting_for_a_reshard_says_so() {
+        let st = DedicatedLaneStatus {
+            phase: LanePhase::Pending,
+            lane_index: Some(2),
+            waiting_for_reshard: true,
+            ..Default::default()
+        };
+        let c = conditions(&st, None, Some(1), 8);
+        let r = c.iter().find(|c| c.type_ == "Relocating").unwrap();
+        assert_eq!(
+            (r.status.as_str(), r.reason.as_str()),
+            ("False", "WaitingForReshard")
+        );
+        assert!(moving(LanePhase::Draining) && moving(LanePhase::Retiring));
+        assert!(
+            !moving(LanePhase::Active)
+                && !moving(LanePhase::Pending)
+                && !moving(LanePhase::Retired)
+        );
     }
 
     #[test]

@@ -278,6 +278,11 @@ async fn reconcile_inner(set: &ShardSet, ctx: &Context) -> Result<Action, Error>
         .max()
         .unwrap_or(0);
     let all_lanes = lane_api.list(&ListParams::default()).await?.items;
+    let lane_names: Vec<String> = all_lanes
+        .iter()
+        .filter(|l| l.spec.shard_set == name)
+        .map(|l| l.name_any())
+        .collect();
     // Tenants a DedicatedLane is moving or serving: a reshard leaves them be.
     let lane_tenants: std::collections::BTreeSet<String> = all_lanes
         .iter()
@@ -369,6 +374,7 @@ async fn reconcile_inner(set: &ShardSet, ctx: &Context) -> Result<Action, Error>
             store,
             &mut memory.set,
             &lane_tenants,
+            &lane_names,
             keep,
             shards_up,
             &mut view,
@@ -392,7 +398,8 @@ async fn reconcile_inner(set: &ShardSet, ctx: &Context) -> Result<Action, Error>
         .conditions
         .iter()
         .any(|c| c.type_ == "Ready" && c.status == "True");
-    let moving = st.resharding.is_some() || view.waiting_for_shards;
+    let moving =
+        st.resharding.is_some() || view.waiting_for_shards || !view.waiting_for_lanes.is_empty();
     write_status(&sets, set, ctx, st).await?;
     record_lanes(set, ctx).await;
     Ok(if moving {
@@ -413,6 +420,7 @@ async fn run_reshard(
     store: &Store,
     memory: &mut reshard::SetMemory,
     lane_tenants: &std::collections::BTreeSet<String>,
+    lane_names: &[String],
     keep: u16,
     shards_up: bool,
     view: &mut status::ReshardView,
@@ -430,6 +438,13 @@ async fn run_reshard(
             view.progress = memory.progress.clone();
             return Ok(());
         }
+        // Lane moves and reshards take turns: wait for lanes moving now (new
+        // ones wait for the reshard from here on).
+        if let Err(busy) = store.reshard_begin(lane_names).await? {
+            view.waiting_for_lanes = busy;
+            view.progress = memory.progress.clone();
+            return Ok(());
+        }
         let policy = QueuePolicy::from_spec(&set.spec);
         for n in 0..keep {
             store.configure_queue(QueueId::Shard(n), &policy).await?;
@@ -438,6 +453,10 @@ async fn run_reshard(
             reshard::plan(store, desired, keep, lane_tenants, memory.progress.take()).await?;
     }
     if memory.progress.is_none() {
+        if table.shards == desired {
+            // Nothing to move (or the change was taken back): lane moves may start.
+            store.reshard_end().await?;
+        }
         return Ok(());
     }
     if !shards_up {
@@ -466,6 +485,7 @@ async fn run_reshard(
         .get_or_create(&labels)
         .inc_by(pass.finished.len() as u64);
     if let Some(done) = &pass.completed {
+        store.reshard_end().await?;
         // The condition may be True for less than a watch round trip (idle
         // tenants move in one pass): say what happened in an Event too.
         let recorder = Recorder::new(ctx.client.clone(), ctx.reporter.clone());

@@ -128,12 +128,25 @@ pub struct ReshardView {
     pub progress: Option<crate::crd::ReshardProgress>,
     /// The spec's new shards are not all available yet: nobody moves.
     pub waiting_for_shards: bool,
+    /// DedicatedLanes still moving their tenants: the reshard waits for them
+    /// (lane moves and reshards of one set take turns).
+    pub waiting_for_lanes: Vec<String>,
     /// Tenants paused and draining now.
     pub draining: usize,
 }
 
 /// The `Resharding` condition's status, reason and message.
 pub fn resharding(view: &ReshardView, desired: i32) -> (bool, &'static str, String) {
+    if !view.waiting_for_lanes.is_empty() {
+        return (
+            true,
+            "WaitingForLanes",
+            format!(
+                "waiting for DedicatedLane {} to finish moving its tenant before any tenant moves to {desired} shards",
+                view.waiting_for_lanes.join(", ")
+            ),
+        );
+    }
     match (&view.progress, view.waiting_for_shards) {
         (None, false) => (false, "Idle", "no shard-count change under way".to_string()),
         (None, true) => (
@@ -386,6 +399,18 @@ pub fn transitions(before: &ShardSetStatus, after: &ShardSetStatus) -> Vec<Trans
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_reshard_waiting_for_lanes_says_which() {
+        let view = ReshardView {
+            waiting_for_lanes: vec!["whale".into()],
+            ..Default::default()
+        };
+        let (on, reason, message) = resharding(&view, 6);
+        assert!(on);
+        assert_eq!(reason, "WaitingForLanes");
+        assert!(message.contains("whale"), "{message}");
+    }
 
     fn stats(pairs: &[(&str, f64)]) -> Vec<TenantStats> {
         pairs

@@ -162,6 +162,11 @@ pub struct DedicatedLaneStatus {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub next_attempt_at: Option<Time>,
 
+    /// The move waits for a reshard of the set to finish (lane moves and
+    /// reshards of one set take turns, so they never interleave).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub waiting_for_reshard: bool,
+
     /// `Ready`, `Relocating` and `Admitted`.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[x_kube(merge_strategy = ListMerge::Map(vec!["type".into()]))]

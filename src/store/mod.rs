@@ -400,10 +400,11 @@ enum Func {
     ReplayDead,
     Claims,
     RoutingUpdate,
+    Gate,
 }
 
 impl Func {
-    const ALL: [Func; 17] = [
+    const ALL: [Func; 18] = [
         Func::Enqueue,
         Func::Lease,
         Func::Ack,
@@ -421,6 +422,7 @@ impl Func {
         Func::ReplayDead,
         Func::Claims,
         Func::RoutingUpdate,
+        Func::Gate,
     ];
 
     /// The function's name within the library, and its Lua body.
@@ -443,13 +445,14 @@ impl Func {
             Func::ReplayDead => ("replay_dead", include_str!("lua/replay_dead.lua")),
             Func::Claims => ("claims", include_str!("lua/claims.lua")),
             Func::RoutingUpdate => ("routing_update", include_str!("lua/routing_update.lua")),
+            Func::Gate => ("gate", include_str!("lua/gate.lua")),
         }
     }
 
     /// Per-queue functions bind their queue first (`begin` in common.lua);
     /// `routing_update` works on the set's routing hash.
     fn per_queue(self) -> bool {
-        !matches!(self, Func::RoutingUpdate)
+        !matches!(self, Func::RoutingUpdate | Func::Gate)
     }
 
     fn name(self, lib: &Library) -> String {
@@ -816,6 +819,63 @@ impl Store {
     pub async fn ping(&self) -> Result<()> {
         let mut conn = self.conn.clone();
         let _: String = redis::cmd("PING").query_async(&mut conn).await?;
+        Ok(())
+    }
+
+    // ---- lane moves and reshards take turns (gate.lua) ------------------
+
+    /// A lane (admitted under `index`) may start moving its tenant: true, and
+    /// it is recorded as moving, unless a reshard of the set runs or waits
+    /// to run (false: try again later).
+    pub async fn lane_move_begin(&self, index: i32, lane: &str) -> Result<bool> {
+        let i = index.to_string();
+        let v = self
+            .call(
+                Func::Gate,
+                &self.routing_key(),
+                &[b"lane_begin", i.as_bytes(), lane.as_bytes()],
+            )
+            .await?;
+        Ok(string(&v) == "OK")
+    }
+
+    /// The lane's move is over (Active, Retired, or given up).
+    pub async fn lane_move_end(&self, index: i32, lane: &str) -> Result<()> {
+        let i = index.to_string();
+        self.call(
+            Func::Gate,
+            &self.routing_key(),
+            &[b"lane_end", i.as_bytes(), lane.as_bytes()],
+        )
+        .await?;
+        Ok(())
+    }
+
+    /// A reshard may start: `Ok(())` and it holds the gate, or the names of
+    /// the lanes still moving (it then waits for them, and new lane moves
+    /// wait for it). `lanes`: the set's DedicatedLanes that exist, so a lane
+    /// deleted mid-move does not hold the gate forever.
+    pub async fn reshard_begin(
+        &self,
+        lanes: &[String],
+    ) -> Result<std::result::Result<(), Vec<String>>> {
+        let mut args: Vec<&[u8]> = vec![b"reshard_begin"];
+        args.extend(lanes.iter().map(|l| l.as_bytes()));
+        let items = array(
+            "gate",
+            self.call(Func::Gate, &self.routing_key(), &args).await?,
+        )?;
+        match tag(&items).as_deref() {
+            Some("OK") => Ok(Ok(())),
+            Some("WAIT") => Ok(Err(items[1..].iter().map(string).collect())),
+            _ => Err(unexpected("gate", &items)),
+        }
+    }
+
+    /// The reshard is over: lane moves may start again.
+    pub async fn reshard_end(&self) -> Result<()> {
+        self.call(Func::Gate, &self.routing_key(), &[b"reshard_end"])
+            .await?;
         Ok(())
     }
 

@@ -514,3 +514,39 @@ pub async fn raw(url: &str) -> redis::aio::MultiplexedConnection {
         .await
         .unwrap()
 }
+
+/// Lane moves and reshards of one set take turns: a reshard waits for a
+/// lane that is moving its tenant, no lane move starts while a reshard runs
+/// or waits, and a lane deleted mid-move does not hold the gate forever.
+pub async fn lane_moves_and_reshards_take_turns(url: &str) {
+    let s = store(url, QueuePolicy::default()).await;
+    let lanes = vec!["whale-lane".to_string(), "other".to_string()];
+    assert!(s.lane_move_begin(0, "whale-lane").await.unwrap());
+    assert!(
+        s.lane_move_begin(0, "whale-lane").await.unwrap(),
+        "idempotent"
+    );
+    assert_eq!(
+        s.reshard_begin(&lanes).await.unwrap(),
+        Err(vec!["whale-lane".to_string()])
+    );
+    // A reshard waits: no new lane move starts meanwhile.
+    assert!(!s.lane_move_begin(1, "other").await.unwrap());
+    // someone else's end does not free the slot
+    s.lane_move_end(0, "other").await.unwrap();
+    assert!(s.reshard_begin(&lanes).await.unwrap().is_err());
+    s.lane_move_end(0, "whale-lane").await.unwrap();
+    assert_eq!(s.reshard_begin(&lanes).await.unwrap(), Ok(()));
+    assert!(!s.lane_move_begin(1, "other").await.unwrap());
+    s.reshard_end().await.unwrap();
+    assert!(s.lane_move_begin(1, "other").await.unwrap());
+    // "other" is deleted mid-move: the next reshard drops its record
+    assert_eq!(
+        s.reshard_begin(&["whale-lane".to_string()]).await.unwrap(),
+        Ok(())
+    );
+    s.reshard_end().await.unwrap();
+    // the routing table is untouched by the gate's fields
+    let t = s.routing().await.unwrap();
+    assert!(t.pins.is_empty(), "{t:?}");
+}
