@@ -261,6 +261,37 @@ spec:
         assert!(err.contains(want), "missing {want:?} in:\n{err}");
     }
 
+    // Quanta and weights too small to schedule by (issue 17: they rounded to
+    // zero and livelocked the queue), and dead-letter retention out of range.
+    let err = rejected(
+        cp,
+        &ns,
+        r#"
+apiVersion: lanekeeper.io/v1alpha1
+kind: ShardSet
+metadata: {name: tiny}
+spec:
+  shards: 1
+  redis: {url: "redis://redis:6379/0"}
+  worker: {image: "lanekeeper:dev"}
+  scheduler:
+    quantumSeconds: 0.000001
+    defaultWeight: 0.0001
+    weights: [{tenant: acme, weight: 0.000001}]
+  delivery: {deadLetters: {maxPerTenant: 0, maxAge: 1s}}
+"#,
+    );
+    for want in [
+        "spec.scheduler.quantumSeconds",
+        "scheduler.quantumSeconds must be at least 0.01",
+        "scheduler.defaultWeight must be at least 0.01",
+        "weight must be at least 0.01",
+        "delivery.deadLetters.maxPerTenant must be between 1 and 10000000",
+        "delivery.deadLetters.maxAge must be at least 1m",
+    ] {
+        assert!(err.contains(want), "missing {want:?} in:\n{err}");
+    }
+
     // A name that would make Deployment names too long for their labels.
     let err = rejected(
         cp,

@@ -230,3 +230,72 @@ async fn a_tenant_on_a_dedicated_lane_is_untouched_by_a_reshard() {
     let others: Vec<String> = (0..50).map(|i| format!("l{i:03}")).collect();
     assert_eq!(last.to_move as usize, changing(&others, 4, 6));
 }
+
+/// Lane moves and reshards take turns (issue 17): a shard-count change made
+/// while a promotion is draining its tenant waits (`WaitingForLanes`) until
+/// the lane is Active, then runs; the lane's tenant keeps its lane and its
+/// order, and every other tenant arrives in order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reshard_waits_for_a_lane_that_is_moving_its_tenant() {
+    let _turn = SERIAL.lock().await;
+    let env = start(cluster(), "reshard-gate", 4, SPEC).await;
+    // A tenant whose hash queue changes from 4 to 6 shards, with a slow
+    // endpoint and a backlog: its promotion drains for several seconds.
+    let laned = (0..1000)
+        .map(|i| format!("slowvip{i}"))
+        .find(|t| hash_shard(t, 4) != hash_shard(t, 6))
+        .unwrap();
+    env.endpoint(&laned, "delay-400").await;
+    let vip = Traffic::start(&env.store, &laned, 5.0);
+    let traffic = load(&env, "w", 40, 2.0).await;
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    env.create_lane("slowvip", &laned);
+    let mut phases = Vec::new();
+    env.wait_phase(
+        "slowvip",
+        LanePhase::Draining,
+        Duration::from_secs(60),
+        &mut phases,
+    )
+    .await;
+    let sent = vip.stop().await.count;
+
+    patch_shards(&env, 6);
+    let mut waited = false;
+    let seen = watch_reshard(&env, 6, Duration::from_secs(180), |seen| {
+        if seen.reasons.last().map(String::as_str) == Some("WaitingForLanes") {
+            waited = true;
+        }
+        false
+    })
+    .await;
+    let lane = env
+        .wait_phase(
+            "slowvip",
+            LanePhase::Active,
+            Duration::from_secs(60),
+            &mut phases,
+        )
+        .await;
+    let total = stop_and_check(&env, traffic).await;
+    support::lanes::assert_in_order(&env.receiver, &laned, sent, Duration::from_secs(60)).await;
+    let last = seen.progress.last().cloned().expect("progress shown");
+    println!(
+        "reshard 4 -> 6 while {laned}'s lane drained: reasons {:?}, lane phases {phases:?}, {} tenants moved, {total} + {sent} events in order",
+        seen.reasons, last.to_move
+    );
+    let shown = |r: &str| seen.reasons.iter().chain(&seen.events).any(|x| x == r);
+    assert!(
+        waited || shown("WaitingForLanes"),
+        "the reshard did not wait for the moving lane: {seen:?}"
+    );
+    let index = lane.status.as_ref().unwrap().lane_index.unwrap();
+    let table = env.store.routing().await.unwrap();
+    assert_eq!(
+        table.pins.get(&laned),
+        Some(&QueueId::Lane(index as u8)),
+        "the lane's tenant stays on its lane"
+    );
+    let others: Vec<String> = (0..40).map(|i| format!("w{i:03}")).collect();
+    assert_eq!(last.to_move as usize, changing(&others, 4, 6));
+}

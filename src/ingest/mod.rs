@@ -1192,25 +1192,20 @@ async fn replay_dead(
         // stay until it is routed back.
         // In pages, each bounded and under the Redis timeout of its own.
         let mut after: Option<String> = None;
-        loop {
-            match ingest
-                .redis(ingest.store().replay_dead_page(
-                    q,
-                    &tenant,
-                    after.as_deref(),
-                    DEAD_LETTER_PAGE,
-                    &req.ids,
-                ))
-                .await?
-            {
-                Ok(page) => {
-                    replayed += page.replayed;
-                    match page.next {
-                        Some(next) => after = Some(next),
-                        None => break,
-                    }
-                }
-                Err(_moved) => break,
+        while let Ok(page) = ingest
+            .redis(ingest.store().replay_dead_page(
+                q,
+                &tenant,
+                after.as_deref(),
+                DEAD_LETTER_PAGE,
+                &req.ids,
+            ))
+            .await?
+        {
+            replayed += page.replayed;
+            match page.next {
+                Some(next) => after = Some(next),
+                None => break,
             }
         }
     }

@@ -1783,7 +1783,7 @@ impl Store {
             None => "-".to_string(),
         };
         let mut conn = self.conn.clone();
-        let raw: Vec<(String, Vec<(String, Vec<u8>)>)> = redis::cmd("XRANGE")
+        let raw: Vec<StreamEntry> = redis::cmd("XRANGE")
             .arg(keys::dead_letters(&self.queue_prefix(q), tenant))
             .arg(from)
             .arg("+")
@@ -2041,6 +2041,9 @@ impl Store {
 }
 
 /// A lease token, unique per lease, so a late ack from an expired holder is told apart.
+/// One stream entry as XRANGE returns it: its id and its field-value pairs.
+type StreamEntry = (String, Vec<(String, Vec<u8>)>);
+
 /// A dead-letter cursor is a stream id, `<ms>-<seq>`: anything else is
 /// refused before it reaches a script.
 fn check_stream_cursor(c: &str) -> Result<()> {
