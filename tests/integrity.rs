@@ -76,3 +76,8 @@ async fn a_tiny_quantum_does_not_livelock() {
 async fn lane_moves_and_reshards_take_turns() {
     body::lane_moves_and_reshards_take_turns(url()).await;
 }
+
+#[tokio::test]
+async fn claims_span_two_periods() {
+    body::claims_span_two_periods(url()).await;
+}

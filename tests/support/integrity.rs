@@ -550,3 +550,47 @@ pub async fn lane_moves_and_reshards_take_turns(url: &str) {
     let t = s.routing().await.unwrap();
     assert!(t.pins.is_empty(), "{t:?}");
 }
+
+/// Per-tenant claims across the idempotency periods: an id claimed in one
+/// period is still a duplicate in the next, before and after the tenant
+/// claims something new there, and is forgotten after two.
+pub async fn claims_span_two_periods(url: &str) {
+    let policy = QueuePolicy {
+        idempotency_window: Duration::from_secs(1),
+        ..Default::default()
+    };
+    let s = store(url, policy).await;
+    // start just after a period boundary, so the steps below land where meant
+    let ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as u64;
+    tokio::time::sleep(Duration::from_millis(1000 - ms % 1000 + 50)).await;
+    assert!(matches!(
+        s.enqueue(Q, &named("t", "old")).await.unwrap(),
+        EnqueueOutcome::Queued { .. }
+    ));
+    tokio::time::sleep(Duration::from_millis(1000)).await;
+    assert_eq!(
+        s.enqueue(Q, &named("t", "old")).await.unwrap(),
+        EnqueueOutcome::Duplicate,
+        "the previous period's claim, before any claim in this one"
+    );
+    assert!(matches!(
+        s.enqueue(Q, &named("t", "new")).await.unwrap(),
+        EnqueueOutcome::Queued { .. }
+    ));
+    assert_eq!(
+        s.enqueue(Q, &named("t", "old")).await.unwrap(),
+        EnqueueOutcome::Duplicate,
+        "the previous period's claim, after a claim in this one"
+    );
+    tokio::time::sleep(Duration::from_millis(2000)).await;
+    assert!(
+        matches!(
+            s.enqueue(Q, &named("t", "old")).await.unwrap(),
+            EnqueueOutcome::Queued { .. }
+        ),
+        "remembered for at most two periods"
+    );
+}

@@ -42,7 +42,7 @@ elseif op == 'import' then
   if last < period then
     redis.call('EXPIRE', cur, 3 * ID_TTL, 'NX')
     redis.call('UNLINK', base .. (period - 2) .. ':' .. t)
-    redis.call('HSET', tk, 'ip', period)
+    redis.call('HSET', tk, 'ip', period, 'ia', last)
   end
   return added
 end

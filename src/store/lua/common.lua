@@ -15,7 +15,7 @@
 --                           e estimate, b what the fresh turn may still charge, p paused, m moved-to queue,
 --                           w delayed, h held, n depth (queued, held, delayed or in flight),
 --                           ok delivered, ko dead-lettered, dx dead letters dropped by retention,
---                           bw breakers in use, bl blocked, ip newest idempotency period claimed in,
+--                           bw breakers in use, bl blocked, ip newest idempotency period claimed in, ia the one before,
 --                           xc its claims are being copied to another queue (a move; see claims.lua),
 --                           isrc/isq the queue and last sequence number imported from during a move.
 --                           d, e and b are worker-time in whole microseconds, as are a lease's
@@ -215,22 +215,25 @@ end
 -- Idempotency: which of tenant `t`'s `ids` are new to this queue? Returns a
 -- table with `true` for each id seen neither in this idttl-long period nor
 -- the one before (so an id is remembered for at least idttl seconds, at most
--- twice that), and claims them. `ip` is the tenant's `ip` field as read by
--- the caller (the newest period it claimed in), `xc` its `xc` flag (claims
--- being copied by a move: new claims also go to P:idsx:<t>). A batch costs
--- the tenant two set lookups and one SADD, however long; a period the tenant
--- has no set for is not looked up. The current period's set expires after
--- three windows as a safety net; the set from two periods back is freed in
--- the background (UNLINK) when the tenant first claims in a new period.
-local function claim_ids(t, ids, now, ip, xc)
+-- twice that), and claims them. `ip` and `ia` are the tenant's fields as
+-- read by the caller: the newest period it claimed in, and the one before
+-- that (so which of the two sets exist is known without asking), `xc` its
+-- flag for claims being copied by a move (new claims also go to
+-- P:idsx:<t>). A batch costs the tenant one set lookup per set it has (at
+-- most two) and one SADD, however long. The current period's set expires
+-- after three windows as a safety net; the set from two periods back is
+-- freed in the background (UNLINK) when the tenant first claims in a new
+-- period.
+local function claim_ids(t, ids, now, ip, ia, xc)
   local fresh = {}
   if #ids == 0 then return fresh end
   local period = math.floor(now / 1000 / ID_TTL)
-  local last = tonumber(ip) or -1
+  local last, before = tonumber(ip) or -1, tonumber(ia) or -1
   local base = P .. ':ids:'
   local cur, prev = base .. period .. ':' .. t, base .. (period - 1) .. ':' .. t
-  local in_prev = (last >= period - 1) and redis.call('SMISMEMBER', prev, unpack(ids)) or nil
-  local in_cur = (last >= period) and redis.call('SMISMEMBER', cur, unpack(ids)) or nil
+  local has_prev = last == period - 1 or (last == period and before == period - 1)
+  local in_prev = has_prev and redis.call('SMISMEMBER', prev, unpack(ids)) or nil
+  local in_cur = (last == period) and redis.call('SMISMEMBER', cur, unpack(ids)) or nil
   local claim = {}
   for k, id in ipairs(ids) do
     if not (in_prev and in_prev[k] == 1) and not (in_cur and in_cur[k] == 1) and not fresh[id] then
@@ -244,7 +247,7 @@ local function claim_ids(t, ids, now, ip, xc)
     if last < period then
       redis.call('EXPIRE', cur, 3 * ID_TTL, 'NX')
       redis.call('UNLINK', base .. (period - 2) .. ':' .. t)
-      redis.call('HSET', tkey(t), 'ip', period)
+      redis.call('HSET', tkey(t), 'ip', period, 'ia', last)
     end
   end
   return fresh

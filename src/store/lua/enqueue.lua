@@ -40,9 +40,9 @@ for k = 1, n do
   if not ts then
     -- paused, moved, and whether activation can be skipped (already on the
     -- ring, parked at its cap, or blocked by a breaker)
-    local st = redis.call('HMGET', tkey(t), 'p', 'm', 'r', 'k', 'bl', 'n', 'ip', 'xc')
+    local st = redis.call('HMGET', tkey(t), 'p', 'm', 'r', 'k', 'bl', 'n', 'ip', 'ia', 'xc')
     ts = { paused = st[1] == '1', moved = st[2] or '', known = st[6] ~= false, depth = tonumber(st[6]) or 0,
-      active = st[3] == '1' or st[4] == '1' or st[5] == '1', ip = st[7], xc = st[8], ids = {}, lane = {}, held = {} }
+      active = st[3] == '1' or st[4] == '1' or st[5] == '1', ip = st[7], ia = st[8], xc = st[9], ids = {}, lane = {}, held = {} }
     tenants[t] = ts
     order[#order + 1] = t
   end
@@ -57,7 +57,7 @@ for k = 1, n do
 end
 for _, t in ipairs(order) do
   local ts = tenants[t]
-  ts.fresh = claim_ids(t, ts.ids, now, ts.ip, ts.xc)
+  ts.fresh = claim_ids(t, ts.ids, now, ts.ip, ts.ia, ts.xc)
 end
 -- formatted once for the batch, not by Redis for every envelope
 local now_s = tostring(now)
