@@ -27,8 +27,16 @@ use lanekeeper::scheduler::QueuePolicy;
 use lanekeeper::store::{keys, ConnectOptions, Failure, LeaseOutcome, SetId, Store};
 
 const Q: QueueId = QueueId::Shard(0);
-const REPLAYED: u64 = 100_000;
-const OTHERS: u64 = 1_000_000;
+const REPLAYED_DEFAULT: u64 = 100_000;
+const OTHERS_DEFAULT: u64 = 1_000_000;
+
+/// `BENCH_REPLAY_N` and `BENCH_OTHERS_N` shrink the run (for a quick look).
+fn size(var: &str, default: u64) -> u64 {
+    std::env::var(var)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
 
 fn envelope(tenant: &str, i: u64) -> Envelope {
     Envelope {
@@ -55,9 +63,9 @@ async fn admin(url: &str, args: &[&str]) -> redis::Value {
 
 /// Lease p99 of a small tenant that enqueues one envelope, leases and acks
 /// it, over and over, until `stop`; returns each lease's round trip.
-async fn small_tenant(store: Store, stop: Arc<AtomicBool>) -> Vec<Duration> {
+async fn small_tenant(store: Store, first: u64, stop: Arc<AtomicBool>) -> Vec<Duration> {
     let mut out = Vec::new();
-    let mut i = 0u64;
+    let mut i = first;
     while !stop.load(Ordering::Relaxed) {
         store.enqueue(Q, &envelope("small", i)).await.unwrap();
         i += 1;
@@ -94,6 +102,10 @@ fn p99(mut v: Vec<Duration>) -> f64 {
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() {
+    let (replayed_n, others_n) = (
+        size("BENCH_REPLAY_N", REPLAYED_DEFAULT),
+        size("BENCH_OTHERS_N", OTHERS_DEFAULT),
+    );
     let redis = support::redis::dedicated();
     let url = redis.url.clone();
     let store = Store::connect(
@@ -104,7 +116,7 @@ async fn main() {
     .await
     .unwrap();
     let mut policy = QueuePolicy::default();
-    policy.dead_letters.max_per_tenant = 2 * OTHERS;
+    policy.dead_letters.max_per_tenant = 2 * others_n;
     store.configure_queue(Q, &policy).await.unwrap();
 
     // The other tenant's million letters, in its own stream.
@@ -116,7 +128,7 @@ async fn main() {
         .unwrap();
     let stream = keys::dead_letters(&store.queue_prefix(Q), "big");
     let body = serde_json::to_string(&envelope("big", 0)).unwrap();
-    for chunk in 0..OTHERS / 5000 {
+    for chunk in 0..others_n / 5000 {
         let mut pipe = redis::pipe();
         for i in 0..5000 {
             let id = format!("big-{}", chunk * 5000 + i);
@@ -142,20 +154,20 @@ async fn main() {
         pipe.query_async::<()>(&mut conn).await.unwrap();
     }
     eprintln!(
-        "{OTHERS} letters of tenant big written in {:.1}s",
+        "{others_n} letters of tenant big written in {:.1}s",
         t.elapsed().as_secs_f64()
     );
 
     // 100,000 letters of the replaying tenant, the real way.
     let t = Instant::now();
-    let envs: Vec<Envelope> = (0..REPLAYED).map(|i| envelope("outage", i)).collect();
+    let envs: Vec<Envelope> = (0..replayed_n).map(|i| envelope("outage", i)).collect();
     for chunk in envs.chunks(1000) {
         for r in store.enqueue_batch(Q, chunk).await.unwrap() {
             r.unwrap();
         }
     }
     let mut dead = 0;
-    while dead < REPLAYED {
+    while dead < replayed_n {
         match store.lease(Q, "w", Duration::from_secs(60)).await.unwrap() {
             LeaseOutcome::Leased(l) => {
                 store
@@ -173,13 +185,13 @@ async fn main() {
         }
     }
     eprintln!(
-        "{REPLAYED} letters of tenant outage made in {:.1}s",
+        "{replayed_n} letters of tenant outage made in {:.1}s",
         t.elapsed().as_secs_f64()
     );
 
     // Baseline: the small tenant's lease latency with nothing else going on.
     let stop = Arc::new(AtomicBool::new(false));
-    let idle = tokio::spawn(small_tenant(store.clone(), stop.clone()));
+    let idle = tokio::spawn(small_tenant(store.clone(), 0, stop.clone()));
     tokio::time::sleep(Duration::from_secs(3)).await;
     stop.store(true, Ordering::Relaxed);
     let idle = p99(idle.await.unwrap());
@@ -189,15 +201,15 @@ async fn main() {
     admin(&url, &["CONFIG", "SET", "slowlog-max-len", "4096"]).await;
     admin(&url, &["SLOWLOG", "RESET"]).await;
     let stop = Arc::new(AtomicBool::new(false));
-    let small = tokio::spawn(small_tenant(store.clone(), stop.clone()));
+    let small = tokio::spawn(small_tenant(store.clone(), 1 << 40, stop.clone()));
     let t = Instant::now();
     let replayed = store.replay_dead(Q, "outage", &[]).await.unwrap().unwrap();
     let took = t.elapsed().as_secs_f64();
     stop.store(true, Ordering::Relaxed);
     let during = p99(small.await.unwrap());
-    assert_eq!(replayed, REPLAYED, "replayed {replayed} of {REPLAYED}");
+    assert_eq!(replayed, replayed_n, "replayed {replayed} of {replayed_n}");
     let st = store.tenant_state(Q, "outage").await.unwrap();
-    assert_eq!(st.queued, REPLAYED, "{st:?}");
+    assert_eq!(st.queued, replayed_n, "{st:?}");
     let big = store.dead_letters(Q, "big", None, 1).await.unwrap();
     assert_eq!(
         big.letters.len(),
@@ -221,7 +233,7 @@ async fn main() {
     }
     let max_ms = max_us as f64 / 1e3;
     println!(
-        "replayed {replayed} letters in {took:.2}s ({:.0}/s) beside {OTHERS} of another tenant; calls over 1 ms: {slow}, longest {max_ms:.2} ms",
+        "replayed {replayed} letters in {took:.2}s ({:.0}/s) beside {others_n} of another tenant; calls over 1 ms: {slow}, longest {max_ms:.2} ms",
         replayed as f64 / took
     );
     println!("small tenant lease p99: {during:.2} ms during the replay, {idle:.2} ms before it");

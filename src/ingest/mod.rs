@@ -29,7 +29,7 @@ use crate::endpoint::Endpoint;
 use crate::envelope::{Envelope, MAX_ID_BYTES};
 use crate::producer::Producer;
 use crate::routing::QueueId;
-use crate::store::{EnqueueOutcome, Store, StoreError, DEAD_LETTER_PAGE};
+use crate::store::{EnqueueOutcome, Store, StoreError, DEAD_LETTER_PAGE, REPLAY_PAGE};
 use crate::telemetry::{EnvelopeLabels, IngestMetrics, RequestLabels, RouteLabels};
 
 use auth::{Keys, Principal};
@@ -1197,7 +1197,7 @@ async fn replay_dead(
                 q,
                 &tenant,
                 after.as_deref(),
-                DEAD_LETTER_PAGE,
+                REPLAY_PAGE,
                 &req.ids,
             ))
             .await?

@@ -357,6 +357,10 @@ pub struct DeadLetterPage {
 /// A tenant's dead letters in a queue are listed and replayed by pages of at
 /// most this many: one call's work is bounded whatever their number.
 pub const DEAD_LETTER_PAGE: usize = 1000;
+/// The page a whole replay walks by: a few milliseconds of Redis work per
+/// call (each letter is a record written and a lane entry), so queues that
+/// share the Redis never wait long behind it.
+pub const REPLAY_PAGE: usize = 250;
 
 /// What one replay step did.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -1748,7 +1752,7 @@ impl Store {
         let mut after: Option<String> = None;
         loop {
             let page = match self
-                .replay_dead_page(q, tenant, after.as_deref(), DEAD_LETTER_PAGE, ids)
+                .replay_dead_page(q, tenant, after.as_deref(), REPLAY_PAGE, ids)
                 .await?
             {
                 Ok(p) => p,

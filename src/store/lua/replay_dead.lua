@@ -1,6 +1,6 @@
 -- ARGV: tenant, cursor, page, then ids (none: every dead letter).
 -- Replays one page of the tenant's dead letters in this queue: it reads up
--- to `page` (at most 1000) letters of the tenant's own stream after `cursor`
+-- to `page` (at most 1000; Store::replay_dead asks for 250, a few ms of work) letters of the tenant's own stream after `cursor`
 -- ('-' for the start, otherwise the stream id of the last letter the
 -- previous page examined), and puts each one asked for back on the tail of
 -- its lane (its hold buffer while paused), oldest first, as a new delivery:
@@ -36,16 +36,18 @@ local next_cursor = ''
 if #entries == page then next_cursor = entries[#entries][1] end
 if #take == 0 then return { 'OK', 0, next_cursor, #entries } end
 
--- writes: nothing below can fail
+-- writes: nothing below can fail (every unpack is of one page)
 local now = now_ms()
 local dest = (st[1] == '1') and hold(t) or lane(t)
-for _, it in ipairs(take) do
+local seq0 = redis.call('INCRBY', P .. ':seq', #take) - #take
+local xids, ids = {}, {}
+for j, it in ipairs(take) do
   local f = it[2]
-  redis.call('XDEL', k, it[1])
-  redis.call('HSET', ekey(t, f.id), 't', t, 's', redis.call('INCR', P .. ':seq'), 'p', f.p, 'n', now,
-    'ep', f.ep or '')
-  redis.call('RPUSH', dest, f.id)
+  xids[j], ids[j] = it[1], f.id
+  redis.call('HSET', ekey(t, f.id), 't', t, 's', seq0 + j, 'p', f.p, 'n', now, 'ep', f.ep or '')
 end
+redis.call('XDEL', k, unpack(xids))
+redis.call('RPUSH', dest, unpack(ids))
 local set = { 'n', num(st[3], 0) + #take }
 if st[1] == '1' then set[3] = 'h'; set[4] = num(redis.call('HGET', tk, 'h'), 0) + #take end
 redis.call('HSET', tk, unpack(set))
