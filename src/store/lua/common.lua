@@ -232,17 +232,25 @@ local function claim_ids(t, ids, now, ip, ia, xc)
   local base = P .. ':ids:'
   local cur, prev = base .. period .. ':' .. t, base .. (period - 1) .. ':' .. t
   local has_prev = last == period - 1 or (last == period and before == period - 1)
-  local in_prev = has_prev and redis.call('SMISMEMBER', prev, unpack(ids)) or nil
-  local in_cur = (last == period) and redis.call('SMISMEMBER', cur, unpack(ids)) or nil
   local claim = {}
-  for k, id in ipairs(ids) do
-    if not (in_prev and in_prev[k] == 1) and not (in_cur and in_cur[k] == 1) and not fresh[id] then
-      fresh[id] = true
-      claim[#claim + 1] = id
+  if #ids == 1 and not has_prev then
+    -- one id (a single post): SADD both checks and claims it
+    if redis.call('SADD', cur, ids[1]) == 0 then return fresh end
+    fresh[ids[1]] = true
+    claim[1] = ids[1]
+  else
+    local in_prev = has_prev and redis.call('SMISMEMBER', prev, unpack(ids)) or nil
+    local in_cur = (last == period) and redis.call('SMISMEMBER', cur, unpack(ids)) or nil
+    for k, id in ipairs(ids) do
+      if not (in_prev and in_prev[k] == 1) and not (in_cur and in_cur[k] == 1) and not fresh[id] then
+        fresh[id] = true
+        claim[#claim + 1] = id
+      end
     end
-  end
-  if #claim > 0 then
+    if #claim == 0 then return fresh end
     redis.call('SADD', cur, unpack(claim))
+  end
+  do
     if xc == '1' then redis.call('SADD', P .. ':idsx:' .. t, unpack(claim)) end
     if last < period then
       redis.call('EXPIRE', cur, 3 * ID_TTL, 'NX')

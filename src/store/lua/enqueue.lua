@@ -40,9 +40,9 @@ for k = 1, n do
   if not ts then
     -- paused, moved, and whether activation can be skipped (already on the
     -- ring, parked at its cap, or blocked by a breaker)
-    local st = redis.call('HMGET', tkey(t), 'p', 'm', 'r', 'k', 'bl', 'n', 'ip', 'ia', 'xc')
+    local st = redis.call('HMGET', tkey(t), 'p', 'm', 'r', 'k', 'bl', 'n', 'ip', 'ia', 'xc', 'h')
     ts = { paused = st[1] == '1', moved = st[2] or '', known = st[6] ~= false, depth = tonumber(st[6]) or 0,
-      active = st[3] == '1' or st[4] == '1' or st[5] == '1', ip = st[7], ia = st[8], xc = st[9], ids = {}, lane = {}, held = {} }
+      active = st[3] == '1' or st[4] == '1' or st[5] == '1', ip = st[7], ia = st[8], xc = st[9], h = num(st[10], 0), ids = {}, lane = {}, held = {} }
     tenants[t] = ts
     order[#order + 1] = t
   end
@@ -92,13 +92,18 @@ for _, t in ipairs(order) do
   local ts = tenants[t]
   local added = #ts.lane + #ts.held
   if added > 0 then
-    redis.call('HINCRBY', tkey(t), 'n', added)
+    -- depth (and held count) as read at the start plus what this call added:
+    -- one write, and nothing else in this call changes them
+    if #ts.held > 0 then
+      redis.call('HSET', tkey(t), 'n', ts.depth + added, 'h', ts.h + #ts.held)
+    else
+      redis.call('HSET', tkey(t), 'n', ts.depth + added)
+    end
     -- a tenant's hash keeps its depth counter once it exists
     if not ts.known then redis.call('SADD', P .. ':tenants', t) end
   end
   if #ts.held > 0 then
     redis.call('RPUSH', hold(t), unpack(ts.held))
-    redis.call('HINCRBY', tkey(t), 'h', #ts.held)
   end
   if #ts.lane > 0 then
     redis.call('RPUSH', lane(t), unpack(ts.lane))
