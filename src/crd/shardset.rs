@@ -289,6 +289,7 @@ impl Default for SchedulerSpec {
 pub struct TenantWeight {
     /// Tenant id.
     #[x_kube(validation = Rule::new("self != ''").message("tenant must not be empty"))]
+    #[x_kube(validation = Rule::new(super::TENANT_SYNTAX).message("tenant must start with a letter or digit and contain only letters, digits, '.', '_', ':' and '-'"))]
     #[schemars(length(max = 128))]
     pub tenant: String,
     /// Weight, greater than 0 and at most 1000.
