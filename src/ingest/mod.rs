@@ -1580,6 +1580,7 @@ pub const ROUTES: &[(&str, &str)] = &[
 /// The API, with `/metrics`, `/healthz` and `/readyz` (ready while Redis answers).
 pub fn router(ingest: Ingest) -> Router {
     let metrics = ingest.inner.metrics.clone();
+    let counted = metrics.clone();
     let body_limit = ingest.inner.config.max_body_bytes;
     let api = Router::new()
         .route("/v1/events", post(post_event))
@@ -1597,15 +1598,8 @@ pub fn router(ingest: Ingest) -> Router {
         .route("/v1/tenants/{tenant}/stats", get(stats))
         .layer(DefaultBodyLimit::max(body_limit))
         .layer(axum::middleware::from_fn_with_state(
-            BodyLimits {
-                max_body_bytes: body_limit,
-                read_timeout: ingest.inner.config.body_read_timeout,
-            },
+            ingest.clone(),
             read_body,
-        ))
-        .layer(axum::middleware::from_fn_with_state(
-            metrics.clone(),
-            record,
         ));
     Router::new()
         .merge(api)
@@ -1631,6 +1625,8 @@ pub fn router(ingest: Ingest) -> Router {
         .route("/healthz", get(|| async { "ok" }))
         .route("/readyz", get(ready))
         .with_state(ingest)
+        // Outermost, so that it sees unmatched paths too.
+        .layer(axum::middleware::from_fn_with_state(counted, record))
 }
 
 async fn ready(State(ingest): State<Ingest>) -> Result<&'static str, ApiError> {
@@ -1680,19 +1676,40 @@ async fn record(
     res
 }
 
-/// Read the request's body before the handler runs, within the route's size
-/// limit and the body read timeout: a client that sends its body a byte at
-/// a time gets 408 instead of holding the request open.
+/// Largest body of a dead-letter replay, in bytes (10,000 ids of the
+/// longest kind fit).
+pub const MAX_REPLAY_BODY_BYTES: usize = 2 * 1024 * 1024;
+
+/// Authenticate, then read the request's body before the handler runs,
+/// within the route's size limit and the body read timeout: a client
+/// without a known key is refused before any of its body is read, and one
+/// that sends its body a byte at a time gets 408 instead of holding the
+/// request open.
 async fn read_body(
-    State(limits): State<BodyLimits>,
+    State(ingest): State<Ingest>,
     matched: Option<axum::extract::MatchedPath>,
     req: axum::extract::Request,
     next: axum::middleware::Next,
 ) -> Response {
     use http_body_util::BodyExt;
+    let config = &ingest.inner.config;
+    if let Err(e) = ingest.authenticate(req.headers()) {
+        let mut r = e.into_response();
+        if req.headers().contains_key(header::CONTENT_LENGTH)
+            || req.headers().contains_key(header::TRANSFER_ENCODING)
+        {
+            // Its body is not read: the connection cannot carry another request.
+            r.headers_mut()
+                .insert(header::CONNECTION, HeaderValue::from_static("close"));
+        }
+        return r;
+    }
     let limit = match matched.as_ref().map(|m| m.as_str()) {
         Some("/v1/tenants/{tenant}/endpoints/{endpoint}") => MAX_ENDPOINT_BODY_BYTES,
-        _ => limits.max_body_bytes,
+        Some("/v1/tenants/{tenant}/dead-letters:replay") => {
+            MAX_REPLAY_BODY_BYTES.min(config.max_body_bytes)
+        }
+        _ => config.max_body_bytes,
     };
     let (parts, body) = req.into_parts();
     let declared = parts
@@ -1701,19 +1718,22 @@ async fn read_body(
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.parse::<u64>().ok());
     let too_large = || {
-        ApiError::new(
+        let mut r = ApiError::new(
             StatusCode::PAYLOAD_TOO_LARGE,
             "payload_too_large",
             Some("body".into()),
             format!("body: larger than the limit of {limit} bytes"),
         )
-        .into_response()
+        .into_response();
+        r.headers_mut()
+            .insert(header::CONNECTION, HeaderValue::from_static("close"));
+        r
     };
     if declared.is_some_and(|n| n > limit as u64) {
         return too_large();
     }
     let collect = http_body_util::Limited::new(body, limit).collect();
-    let bytes = match tokio::time::timeout(limits.read_timeout, collect).await {
+    let bytes = match tokio::time::timeout(config.body_read_timeout, collect).await {
         Ok(Ok(c)) => c.to_bytes(),
         Ok(Err(e)) if e.is::<http_body_util::LengthLimitError>() => return too_large(),
         Ok(Err(e)) => {
@@ -1730,10 +1750,7 @@ async fn read_body(
                 StatusCode::REQUEST_TIMEOUT,
                 "request_timeout",
                 Some("body".into()),
-                format!(
-                    "body: not received within {:?}",
-                    limits.read_timeout
-                ),
+                format!("body: not received within {:?}", config.body_read_timeout),
             )
             .into_response();
             r.headers_mut()
@@ -1741,14 +1758,11 @@ async fn read_body(
             return r;
         }
     };
-    next.run(axum::extract::Request::from_parts(parts, axum::body::Body::from(bytes)))
-        .await
-}
-
-#[derive(Clone, Copy)]
-struct BodyLimits {
-    max_body_bytes: usize,
-    read_timeout: Duration,
+    next.run(axum::extract::Request::from_parts(
+        parts,
+        axum::body::Body::from(bytes),
+    ))
+    .await
 }
 
 /// Serve the API on `addr` until `shutdown` resolves; in-flight requests
