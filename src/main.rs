@@ -213,6 +213,13 @@ struct WorkerArgs {
         value_delimiter = ','
     )]
     allow_cidrs: Vec<ipnet::IpNet>,
+    /// HTTP proxy for every delivery (http://host:port). Without it no proxy
+    /// is used: HTTP_PROXY, HTTPS_PROXY and ALL_PROXY are ignored. With it,
+    /// the SSRF guard checks each URL's host before the request, but the
+    /// proxy resolves and connects on its own: its access rules must refuse
+    /// internal addresses (see docs/architecture.md).
+    #[arg(long, env = "LANEKEEPER_PROXY")]
+    proxy: Option<reqwest::Url>,
     /// After SIGTERM, time for deliveries in flight to finish.
     #[arg(long, env = "LANEKEEPER_GRACE_PERIOD", default_value = "25s")]
     grace_period: kube::core::Duration,
@@ -528,6 +535,7 @@ async fn worker(args: WorkerArgs) -> anyhow::Result<()> {
         worker_id,
         metrics_addr: args.metrics_addr,
         tenant_label_cap: args.tenant_label_cap,
+        proxy: args.proxy,
     };
     let stop = lanekeeper::worker::stop_on_signals();
     lanekeeper::worker::run(store, config, stop).await

@@ -646,3 +646,180 @@ async fn tenant_ids_follow_the_documented_rule_at_every_entry() {
         }
     }
 }
+
+// ---- defects 3, 4 and 9: the worker's network edges -------------------------
+
+use lanekeeper::scheduler::QueuePolicy;
+use lanekeeper::signing::Secret;
+use support::scenario::{setup, Q};
+
+/// The dead letters of `s`'s queue once there are `n`, failing at once if
+/// `stop_if` holds meanwhile.
+async fn dead_letters(
+    s: &support::scenario::Setup,
+    n: usize,
+    timeout: Duration,
+    stop_if: impl Fn() -> Option<String>,
+) -> Vec<lanekeeper::store::DeadLetter> {
+    let deadline = Instant::now() + timeout;
+    loop {
+        if let Some(why) = stop_if() {
+            panic!("{why}");
+        }
+        let dead = s.store.dead_letters(Q, 100).await.unwrap();
+        if dead.len() >= n {
+            return dead;
+        }
+        assert!(Instant::now() < deadline, "dead letters after {timeout:?}: {dead:?}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// A name that does not resolve (a DNS outage, a CoreDNS restart) is
+/// retried with backoff until the attempt limit, not dead-lettered on its
+/// first attempt as an SSRF refusal.
+#[tokio::test]
+async fn a_dns_failure_is_retried_not_dead_lettered_as_ssrf() {
+    let s = setup(QueuePolicy {
+        max_attempts: 4,
+        ..Default::default()
+    })
+    .await;
+    s.endpoint_at("dns", "http://no-such-host.invalid/hook", vec![Secret::generate()])
+        .await;
+    s.send("dns", 0..1).await;
+    let pid = s.worker(&["--concurrency", "2"]);
+    let dead = dead_letters(&s, 1, Duration::from_secs(60), || None).await;
+    let d = &dead[0];
+    eprintln!("dns: dead-lettered after {} attempts: {}", d.attempts, d.cause);
+    assert_eq!(d.attempts, 4, "{d:?}");
+    assert!(d.cause.contains("cannot resolve no-such-host.invalid"), "{d:?}");
+    assert!(!d.cause.contains("SSRF"), "{d:?}");
+    support::scenario::stop(pid);
+}
+
+/// A stand-in HTTP proxy: answers 200 to anything and records request lines.
+struct FakeProxy {
+    port: u16,
+    seen: std::sync::Arc<std::sync::Mutex<Vec<String>>>,
+}
+
+impl FakeProxy {
+    fn start() -> FakeProxy {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = l.local_addr().unwrap().port();
+        let seen = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let log = seen.clone();
+        std::thread::spawn(move || {
+            for c in l.incoming() {
+                let Ok(mut c) = c else { continue };
+                let log = log.clone();
+                std::thread::spawn(move || {
+                    let _ = c.set_read_timeout(Some(Duration::from_secs(5)));
+                    let mut buf = Vec::new();
+                    let mut chunk = [0u8; 4096];
+                    while !buf.windows(4).any(|w| w == b"\r\n\r\n") {
+                        match c.read(&mut chunk) {
+                            Ok(0) | Err(_) => break,
+                            Ok(n) => buf.extend_from_slice(&chunk[..n]),
+                        }
+                    }
+                    let head = String::from_utf8_lossy(&buf);
+                    log.lock()
+                        .unwrap()
+                        .push(head.lines().next().unwrap_or("").to_string());
+                    let _ = c.write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\nConnection: close\r\n\r\n");
+                });
+            }
+        });
+        FakeProxy { port, seen }
+    }
+
+    fn seen(&self) -> Vec<String> {
+        self.seen.lock().unwrap().clone()
+    }
+}
+
+/// HTTP_PROXY, HTTPS_PROXY and ALL_PROXY in the worker's environment are
+/// ignored: before the fix the worker sent `POST http://localhost:.../` to
+/// the proxy, which the guard never saw.
+#[tokio::test]
+async fn a_proxy_in_the_environment_is_not_used() {
+    let s = setup(QueuePolicy {
+        max_attempts: 2,
+        ..Default::default()
+    })
+    .await;
+    let proxy = FakeProxy::start();
+    let port = s.receiver.addr.port();
+    s.endpoint_at(
+        "admin",
+        &format!("http://localhost:{port}/internal-admin"),
+        vec![Secret::generate()],
+    )
+    .await;
+    s.endpoint_at("meta", "http://169.254.169.254/latest", vec![Secret::generate()])
+        .await;
+    s.send("admin", 0..1).await;
+    s.send("meta", 0..1).await;
+    let url = format!("http://127.0.0.1:{}", proxy.port);
+    let env: Vec<(&str, &str)> = ["HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "http_proxy", "https_proxy", "all_proxy"]
+        .into_iter()
+        .map(|k| (k, url.as_str()))
+        .collect();
+    let pid = support::workers::spawn_env(&s.redis_url, &s.set, "shard-00", &["--concurrency", "2"], &env);
+    let dead = dead_letters(&s, 2, Duration::from_secs(30), || {
+        let seen = proxy.seen();
+        (!seen.is_empty()).then(|| format!("the worker used the environment's proxy: {seen:?}"))
+    })
+    .await;
+    for d in &dead {
+        assert!(d.cause.starts_with("SSRF guard refused"), "{d:?}");
+    }
+    assert!(proxy.seen().is_empty(), "{:?}", proxy.seen());
+    assert!(s.receiver.arrivals().is_empty());
+    support::scenario::stop(pid);
+}
+
+/// An explicitly configured proxy (`--proxy`) carries deliveries, and the
+/// guard still checks each URL's host first: by literal address, or by
+/// what the name resolves to here.
+#[tokio::test]
+async fn an_explicit_proxy_carries_deliveries_after_the_guard_checked_the_host() {
+    let s = setup(QueuePolicy {
+        max_attempts: 1,
+        ..Default::default()
+    })
+    .await;
+    let proxy = FakeProxy::start();
+    for (t, url) in [
+        ("global", "http://93.184.216.34/hook"),
+        ("byname", "http://localhost:9/x"),
+        ("literal", "http://10.1.2.3/x"),
+        ("mapped", "http://[::ffff:127.0.0.1]:9/x"),
+    ] {
+        s.endpoint_at(t, url, vec![Secret::generate()]).await;
+        s.send(t, 0..1).await;
+    }
+    let proxy_url = format!("http://127.0.0.1:{}", proxy.port);
+    let pid = support::workers::spawn(
+        &s.redis_url,
+        &s.set,
+        "shard-00",
+        &["--concurrency", "2", "--proxy", &proxy_url],
+    );
+    let dead = dead_letters(&s, 3, Duration::from_secs(30), || None).await;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while proxy.seen().is_empty() {
+        assert!(Instant::now() < deadline, "nothing reached the proxy");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let seen = proxy.seen();
+    assert_eq!(seen.len(), 1, "{seen:?}");
+    assert!(seen[0].starts_with("POST http://93.184.216.34/hook"), "{seen:?}");
+    let mut tenants: Vec<&str> = dead.iter().map(|d| d.tenant.as_str()).collect();
+    tenants.sort();
+    assert_eq!(tenants, ["byname", "literal", "mapped"], "{dead:?}");
+    assert!(dead.iter().all(|d| d.cause.starts_with("SSRF guard refused")), "{dead:?}");
+    support::scenario::stop(pid);
+}
