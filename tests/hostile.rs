@@ -823,3 +823,142 @@ async fn an_explicit_proxy_carries_deliveries_after_the_guard_checked_the_host()
     assert!(dead.iter().all(|d| d.cause.starts_with("SSRF guard refused")), "{dead:?}");
     support::scenario::stop(pid);
 }
+
+// ---- defect 6: no password in any message -----------------------------------
+
+const PW: &str = "S3cretPW";
+/// A password typed into a URL unencoded, with the characters that end a
+/// URL's authority.
+const ODD_PW: &str = "p@ss/w?rd#S3cret";
+
+/// Redis URLs an operator might get wrong, each carrying a password.
+fn bad_urls() -> Vec<String> {
+    let dead = support::process::free_port();
+    vec![
+        format!("redis+cluster://default:{PW}@h:1,,h:1"),
+        format!("redis+cluster://default:{PW}@127.0.0.1:{dead}/3"),
+        format!("redis+cluster://default:{PW}@127.0.0.1:{dead},[::1"),
+        format!("redis+cluster://default:{PW}@127.0.0.1:{dead},127.0.0.1:1"),
+        format!("redis://default:{PW}@127.0.0.1:{dead}/"),
+        format!("redis://default:{PW}@127.0.0.1:99999/"),
+        format!("redis://default:{PW}@no-such-host.invalid:6379/"),
+        format!("redis://:{PW}@127.0.0.1:{dead}"),
+        format!("rediss://default:{PW}@127.0.0.1:{dead}/"),
+        format!("redis://default:{ODD_PW}@127.0.0.1:{dead}/"),
+        format!("redis+cluster://default:{ODD_PW}@127.0.0.1:{dead},,x"),
+        format!("default:{PW}@127.0.0.1:{dead}"),
+        format!("redis//default:{PW}@127.0.0.1:{dead}"),
+        format!("http://default:{PW}@127.0.0.1:{dead}"),
+        // a Redis with another password: AUTH fails
+        format!("redis://default:{PW}@127.0.0.1:{}/", locked_redis()),
+        format!("redis+cluster://default:{PW}@127.0.0.1:{}", locked_redis()),
+    ]
+}
+
+/// The port of a redis-server whose password is not [`PW`].
+fn locked_redis() -> u16 {
+    static PORT: std::sync::OnceLock<u16> = std::sync::OnceLock::new();
+    *PORT.get_or_init(|| {
+        let port = support::process::free_port();
+        let dir = support::process::scratch_dir("redis-locked");
+        let log = dir.join("redis.log");
+        let server = support::process::require_program("redis-server", "see README.md");
+        let mut cmd = std::process::Command::new(server);
+        cmd.args(["--bind", "127.0.0.1", "--port", &port.to_string()])
+            .args(["--requirepass", "another-one", "--save", "", "--appendonly", "no"])
+            .arg("--dir")
+            .arg(&dir);
+        let pid = support::process::spawn_server(cmd, &log);
+        support::process::wait_until("locked redis", Duration::from_secs(20), &log, pid, || {
+            TcpStream::connect(("127.0.0.1", port)).is_ok()
+        });
+        port
+    })
+}
+
+fn assert_no_secret(what: &str, text: &str) {
+    for secret in [PW, "S3cret", "p@ss", "w?rd"] {
+        assert!(
+            !text.contains(secret),
+            "{what} shows the password: {text}"
+        );
+    }
+}
+
+/// Every library path that formats a Redis URL: the cluster URL parser,
+/// `with_password` and `Store::connect` (whose errors the controller puts
+/// into a ShardSet's status and Events), in both Display and Debug form.
+#[tokio::test]
+async fn no_error_from_a_redis_url_shows_its_password() {
+    use lanekeeper::store::{cluster_nodes, cluster_url, redact, with_password, SetId, Store};
+    for url in bad_urls() {
+        assert_no_secret("redact", &redact(&url));
+        for cluster in [false, true] {
+            let url = cluster_url(&url, cluster);
+            if let Some(Err(e)) = cluster_nodes(&url) {
+                assert_no_secret(&format!("cluster_nodes({url})"), &e);
+            }
+            if let Err(e) = with_password(&url, "other") {
+                assert_no_secret(&format!("with_password({url})"), &e);
+            }
+            if let Err(e) = with_password(&redact(&url).replace("***", "x"), PW) {
+                assert_no_secret(&format!("with_password(.., password)"), &e);
+            }
+            let opts = lanekeeper::store::ConnectOptions {
+                connect_timeout: Duration::from_millis(500),
+                response_timeout: Duration::from_millis(500),
+            };
+            match Store::connect(&url, SetId::new("hostile", "pw"), opts).await {
+                Ok(_) => panic!("{url} connected"),
+                Err(e) => {
+                    assert_no_secret(&format!("Store::connect({url})"), &e.to_string());
+                    assert_no_secret(&format!("Store::connect({url}) (Debug)"), &format!("{e:?}"));
+                }
+            }
+        }
+    }
+    // A password set apart from the URL (passwordSecretRef, --redis-password).
+    for url in ["redis://h:1/", "redis+cluster://h:1,,h:2", "redis+cluster://h:1/7", "not a url"] {
+        if let Err(e) = with_password(url, PW) {
+            assert_no_secret(&format!("with_password({url}, password)"), &e);
+        }
+    }
+}
+
+/// The CLI commands that take a Redis URL, each given the bad URLs (and a
+/// password by flag): nothing they print shows it.
+#[test]
+fn no_cli_command_prints_a_redis_password() {
+    let keys = support::process::scratch_dir("pw").join("keys.yaml");
+    std::fs::write(&keys, "keys: []\n").unwrap();
+    let keys = keys.to_string_lossy().into_owned();
+    let mut urls = bad_urls();
+    urls.push("redis://127.0.0.1:1/".into());
+    for url in &urls {
+        let commands: Vec<Vec<&str>> = vec![
+            vec!["route", "--redis", url, "--shard-set", "a/b", "t"],
+            vec!["top", "--redis", url, "--shard-set", "a/b"],
+            vec!["route", "--redis", url, "--shard-set", "a/b", "--redis-password", PW, "t"],
+            vec!["route", "--redis", url, "--shard-set", "a/b", "--redis-cluster", "--redis-password", ODD_PW, "t"],
+            vec!["worker", "--redis", url, "--shard-set", "a/b", "--queue", "shard-0"],
+            vec!["ingest", "--redis", url, "--shard-set", "a/b", "--api-keys", &keys, "--listen", "127.0.0.1:0"],
+            vec!["simulate", "--redis", url, "--duration", "1s", "--tenants", "2", "--svg", "/dev/null"],
+        ];
+        for args in commands {
+            let out = std::process::Command::new(env!("CARGO_BIN_EXE_lanekeeper"))
+                .args(&args)
+                .env("RUST_LOG", "debug")
+                .env_remove("LANEKEEPER_REDIS_PASSWORD")
+                .output()
+                .unwrap();
+            assert!(!out.status.success(), "{args:?} succeeded");
+            let text = format!(
+                "{}{}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            );
+            assert!(text.contains("lanekeeper: "), "{args:?}: {text}");
+            assert_no_secret(&format!("{args:?}"), &text);
+        }
+    }
+}
