@@ -144,8 +144,22 @@ mod tests {
         // characters, spaces, quotes, slashes, non-ASCII letters or bidi
         // overrides, and no leading punctuation.
         for bad in [
-            "a\nb", "a b", "a\"b", "a'b", "a/b", "a{b}", "caf\u{e9}", "evil\u{202e}gnp",
-            "\u{200b}x", "-a", ".a", ":a", "_a", "a\u{0}", "a*", "a,b",
+            "a\nb",
+            "a b",
+            "a\"b",
+            "a'b",
+            "a/b",
+            "a{b}",
+            "caf\u{e9}",
+            "evil\u{202e}gnp",
+            "\u{200b}x",
+            "-a",
+            ".a",
+            ":a",
+            "_a",
+            "a\u{0}",
+            "a*",
+            "a,b",
         ] {
             let e = validate_tenant(bad).unwrap_err();
             assert_eq!(e.field, "tenant", "{bad:?}");

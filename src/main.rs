@@ -159,13 +159,25 @@ struct IngestArgs {
     #[arg(long, env = "LANEKEEPER_REDIS_TIMEOUT", default_value = "2s")]
     redis_timeout: kube::core::Duration,
     /// Most endpoints one tenant may define (also the widest fan-out of one event).
-    #[arg(long, env = "LANEKEEPER_MAX_ENDPOINTS_PER_TENANT", default_value_t = 16)]
+    #[arg(
+        long,
+        env = "LANEKEEPER_MAX_ENDPOINTS_PER_TENANT",
+        default_value_t = 16
+    )]
     max_endpoints_per_tenant: usize,
     /// Longest endpoint URL, in bytes.
-    #[arg(long, env = "LANEKEEPER_MAX_ENDPOINT_URL_BYTES", default_value_t = 2048)]
+    #[arg(
+        long,
+        env = "LANEKEEPER_MAX_ENDPOINT_URL_BYTES",
+        default_value_t = 2048
+    )]
     max_endpoint_url_bytes: usize,
     /// Most entries in an endpoint's eventTypes.
-    #[arg(long, env = "LANEKEEPER_MAX_ENDPOINT_EVENT_TYPES", default_value_t = 64)]
+    #[arg(
+        long,
+        env = "LANEKEEPER_MAX_ENDPOINT_EVENT_TYPES",
+        default_value_t = 64
+    )]
     max_endpoint_event_types: usize,
     /// Time a client has to send a request's headers; an idle kept-alive
     /// connection is closed after it too.

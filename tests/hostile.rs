@@ -135,9 +135,8 @@ async fn no_single_request_takes_ingest_past_256_mib() {
         assert_eq!(s, 200, "{v}");
     }
     let body = 16 * MIB as usize;
-    let event = |payload: &str, extra: &str| {
-        format!("{{\"tenant\":\"rss\"{extra},\"payload\":{payload}}}")
-    };
+    let event =
+        |payload: &str, extra: &str| format!("{{\"tenant\":\"rss\"{extra},\"payload\":{payload}}}");
     let big_payload = flat_ints(255 * 1024);
     let batch_of = |items: Vec<String>| format!("[{}]", items.join(",")).into_bytes();
     type Case = (&'static str, &'static str, &'static str, Vec<u8>, u16);
@@ -196,7 +195,10 @@ async fn no_single_request_takes_ingest_past_256_mib() {
                 .map(|i| {
                     format!(
                         "{}\n",
-                        event(&format!("[{i}]"), &format!(",\"eventType\":\"t\",\"id\":\"f{i}\""))
+                        event(
+                            &format!("[{i}]"),
+                            &format!(",\"eventType\":\"t\",\"id\":\"f{i}\"")
+                        )
                     )
                 })
                 .collect::<String>()
@@ -250,12 +252,7 @@ async fn no_single_request_takes_ingest_past_256_mib() {
         let (s, v) = send(&http, method, format!("{base}{path}"), Some(&key), ct, body).await;
         let peak = peak_rss(pid);
         let brief = v.to_string();
-        assert_eq!(
-            s,
-            want,
-            "{what}: {}",
-            &brief[..brief.len().min(400)]
-        );
+        assert_eq!(s, want, "{what}: {}", &brief[..brief.len().min(400)]);
         if want == 200 {
             assert!(
                 v["accepted"].as_u64().unwrap() > 0 || what.contains("malformed"),
@@ -455,7 +452,8 @@ fn slow_connections_are_cut_off_and_normal_requests_stay_prompt() {
     }
     let worst = during.iter().max().copied().unwrap();
     let head_cut: Vec<Duration> = heads.iter().filter_map(|(_, c)| *c).collect();
-    let body_cut: Vec<&(Duration, String)> = bodies.iter().filter_map(|(_, a)| a.as_ref()).collect();
+    let body_cut: Vec<&(Duration, String)> =
+        bodies.iter().filter_map(|(_, a)| a.as_ref()).collect();
     eprintln!(
         "slow clients: normal request {idle:?} idle, at worst {worst:?} beside 400 slow connections; {} of 300 slow-header connections closed (latest at {:?}), {} of 100 slow bodies answered (latest at {:?})",
         head_cut.len(),
@@ -467,7 +465,10 @@ fn slow_connections_are_cut_off_and_normal_requests_stay_prompt() {
     assert_eq!(body_cut.len(), 100, "slow-body connections left open");
     // Mechanism: closed once the 2 s (3 s) timeout fires, seen at the next
     // 200 ms poll; the 3 s margin is for a slow machine.
-    assert!(head_cut.iter().all(|t| *t < Duration::from_secs(5)), "{head_cut:?}");
+    assert!(
+        head_cut.iter().all(|t| *t < Duration::from_secs(5)),
+        "{head_cut:?}"
+    );
     for (t, text) in &body_cut {
         assert!(*t < Duration::from_secs(6), "slow body answered at {t:?}");
         assert!(text.starts_with("HTTP/1.1 408"), "slow body got {text:?}");
@@ -543,27 +544,51 @@ async fn endpoint_definitions_are_limited_and_each_refusal_names_field_and_limit
     let (s, v) = put("e16".into(), json!({"url": "https://lim.example/h"})).await;
     assert_eq!(s, 422, "{v}");
     assert_eq!(v["field"], "endpoint", "{v}");
-    assert!(v["message"].as_str().unwrap().contains("the limit is 16"), "{v}");
+    assert!(
+        v["message"].as_str().unwrap().contains("the limit is 16"),
+        "{v}"
+    );
     let (s, v) = put("e3".into(), json!({"url": "https://lim.example/other"})).await;
     assert_eq!(s, 200, "{v}");
     // Field limits.
     let long_url = format!("https://lim.example/{}", "a".repeat(2048));
     let (s, v) = put("e0".into(), json!({"url": long_url})).await;
     assert_eq!((s, v["field"].as_str()), (400, Some("url")), "{v}");
-    assert!(v["message"].as_str().unwrap().contains("the limit is 2048"), "{v}");
+    assert!(
+        v["message"].as_str().unwrap().contains("the limit is 2048"),
+        "{v}"
+    );
     let many: Vec<String> = (0..65).map(|i| format!("t{i}")).collect();
-    let (s, v) = put("e0".into(), json!({"url": "https://lim.example/h", "eventTypes": many})).await;
+    let (s, v) = put(
+        "e0".into(),
+        json!({"url": "https://lim.example/h", "eventTypes": many}),
+    )
+    .await;
     assert_eq!((s, v["field"].as_str()), (400, Some("eventTypes")), "{v}");
-    assert!(v["message"].as_str().unwrap().contains("the limit is 64"), "{v}");
+    assert!(
+        v["message"].as_str().unwrap().contains("the limit is 64"),
+        "{v}"
+    );
     let (s, v) = put(
         "e0".into(),
         json!({"url": "https://lim.example/h", "eventTypes": ["ok", "x".repeat(129)]}),
     )
     .await;
-    assert_eq!((s, v["field"].as_str()), (400, Some("eventTypes[1]")), "{v}");
-    assert!(v["message"].as_str().unwrap().contains("the limit is 128"), "{v}");
+    assert_eq!(
+        (s, v["field"].as_str()),
+        (400, Some("eventTypes[1]")),
+        "{v}"
+    );
+    assert!(
+        v["message"].as_str().unwrap().contains("the limit is 128"),
+        "{v}"
+    );
     // A body past 64 KiB is refused before it is parsed.
-    let (s, v) = put("e0".into(), json!({"url": "https://lim.example/h", "pad": "x".repeat(70_000)})).await;
+    let (s, v) = put(
+        "e0".into(),
+        json!({"url": "https://lim.example/h", "pad": "x".repeat(70_000)}),
+    )
+    .await;
     assert_eq!((s, v["field"].as_str()), (413, Some("body")), "{v}");
     assert!(v["message"].as_str().unwrap().contains("65536"), "{v}");
     // One event fans out to at most the 16 endpoints.
@@ -573,7 +598,9 @@ async fn endpoint_definitions_are_limited_and_each_refusal_names_field_and_limit
         format!("{base}/v1/events"),
         Some(&key),
         "application/json",
-        json!({"tenant": "lim", "eventType": "x", "payload": {}}).to_string().into_bytes(),
+        json!({"tenant": "lim", "eventType": "x", "payload": {}})
+            .to_string()
+            .into_bytes(),
     )
     .await;
     assert_eq!(s, 202, "{v}");
@@ -605,9 +632,16 @@ async fn tenant_ids_follow_the_documented_rule_at_every_entry() {
             json!({"tenant": t, "payload": {}}).to_string().into_bytes(),
         )
         .await;
-        assert_eq!((s, v["field"].as_str()), (400, Some("tenant")), "{t:?}: {v}");
+        assert_eq!(
+            (s, v["field"].as_str()),
+            (400, Some("tenant")),
+            "{t:?}: {v}"
+        );
         // In the path too.
-        let path = t.replace(' ', "%20").replace('"', "%22").replace('/', "%2F");
+        let path = t
+            .replace(' ', "%20")
+            .replace('"', "%22")
+            .replace('/', "%2F");
         let (s, v) = send(
             &http,
             reqwest::Method::PUT,
@@ -617,7 +651,11 @@ async fn tenant_ids_follow_the_documented_rule_at_every_entry() {
             json!({"url": "https://x.example"}).to_string().into_bytes(),
         )
         .await;
-        assert_eq!((s, v["field"].as_str()), (400, Some("tenant")), "{t:?}: {v}");
+        assert_eq!(
+            (s, v["field"].as_str()),
+            (400, Some("tenant")),
+            "{t:?}: {v}"
+        );
     }
     let (s, v) = send(
         &http,
@@ -642,7 +680,10 @@ async fn tenant_ids_follow_the_documented_rule_at_every_entry() {
                 .unwrap();
             let err = String::from_utf8_lossy(&out.stderr);
             assert!(!out.status.success(), "{args:?} accepted {t:?}");
-            assert!(err.contains("tenant") && err.contains("letter or digit"), "{args:?}: {err}");
+            assert!(
+                err.contains("tenant") && err.contains("letter or digit"),
+                "{args:?}: {err}"
+            );
         }
     }
 }
@@ -670,7 +711,10 @@ async fn dead_letters(
         if dead.len() >= n {
             return dead;
         }
-        assert!(Instant::now() < deadline, "dead letters after {timeout:?}: {dead:?}");
+        assert!(
+            Instant::now() < deadline,
+            "dead letters after {timeout:?}: {dead:?}"
+        );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
@@ -685,15 +729,25 @@ async fn a_dns_failure_is_retried_not_dead_lettered_as_ssrf() {
         ..Default::default()
     })
     .await;
-    s.endpoint_at("dns", "http://no-such-host.invalid/hook", vec![Secret::generate()])
-        .await;
+    s.endpoint_at(
+        "dns",
+        "http://no-such-host.invalid/hook",
+        vec![Secret::generate()],
+    )
+    .await;
     s.send("dns", 0..1).await;
     let pid = s.worker(&["--concurrency", "2"]);
     let dead = dead_letters(&s, 1, Duration::from_secs(60), || None).await;
     let d = &dead[0];
-    eprintln!("dns: dead-lettered after {} attempts: {}", d.attempts, d.cause);
+    eprintln!(
+        "dns: dead-lettered after {} attempts: {}",
+        d.attempts, d.cause
+    );
     assert_eq!(d.attempts, 4, "{d:?}");
-    assert!(d.cause.contains("cannot resolve no-such-host.invalid"), "{d:?}");
+    assert!(
+        d.cause.contains("cannot resolve no-such-host.invalid"),
+        "{d:?}"
+    );
     assert!(!d.cause.contains("SSRF"), "{d:?}");
     support::scenario::stop(pid);
 }
@@ -728,7 +782,9 @@ impl FakeProxy {
                     log.lock()
                         .unwrap()
                         .push(head.lines().next().unwrap_or("").to_string());
-                    let _ = c.write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\nConnection: close\r\n\r\n");
+                    let _ = c.write_all(
+                        b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\nConnection: close\r\n\r\n",
+                    );
                 });
             }
         });
@@ -758,16 +814,33 @@ async fn a_proxy_in_the_environment_is_not_used() {
         vec![Secret::generate()],
     )
     .await;
-    s.endpoint_at("meta", "http://169.254.169.254/latest", vec![Secret::generate()])
-        .await;
+    s.endpoint_at(
+        "meta",
+        "http://169.254.169.254/latest",
+        vec![Secret::generate()],
+    )
+    .await;
     s.send("admin", 0..1).await;
     s.send("meta", 0..1).await;
     let url = format!("http://127.0.0.1:{}", proxy.port);
-    let env: Vec<(&str, &str)> = ["HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "http_proxy", "https_proxy", "all_proxy"]
-        .into_iter()
-        .map(|k| (k, url.as_str()))
-        .collect();
-    let pid = support::workers::spawn_env(&s.redis_url, &s.set, "shard-00", &["--concurrency", "2"], &env);
+    let env: Vec<(&str, &str)> = [
+        "HTTP_PROXY",
+        "HTTPS_PROXY",
+        "ALL_PROXY",
+        "http_proxy",
+        "https_proxy",
+        "all_proxy",
+    ]
+    .into_iter()
+    .map(|k| (k, url.as_str()))
+    .collect();
+    let pid = support::workers::spawn_env(
+        &s.redis_url,
+        &s.set,
+        "shard-00",
+        &["--concurrency", "2"],
+        &env,
+    );
     let dead = dead_letters(&s, 2, Duration::from_secs(30), || {
         let seen = proxy.seen();
         (!seen.is_empty()).then(|| format!("the worker used the environment's proxy: {seen:?}"))
@@ -816,11 +889,18 @@ async fn an_explicit_proxy_carries_deliveries_after_the_guard_checked_the_host()
     }
     let seen = proxy.seen();
     assert_eq!(seen.len(), 1, "{seen:?}");
-    assert!(seen[0].starts_with("POST http://93.184.216.34/hook"), "{seen:?}");
+    assert!(
+        seen[0].starts_with("POST http://93.184.216.34/hook"),
+        "{seen:?}"
+    );
     let mut tenants: Vec<&str> = dead.iter().map(|d| d.tenant.as_str()).collect();
     tenants.sort();
     assert_eq!(tenants, ["byname", "literal", "mapped"], "{dead:?}");
-    assert!(dead.iter().all(|d| d.cause.starts_with("SSRF guard refused")), "{dead:?}");
+    assert!(
+        dead.iter()
+            .all(|d| d.cause.starts_with("SSRF guard refused")),
+        "{dead:?}"
+    );
     support::scenario::stop(pid);
 }
 
@@ -865,7 +945,14 @@ fn locked_redis() -> u16 {
         let server = support::process::require_program("redis-server", "see README.md");
         let mut cmd = std::process::Command::new(server);
         cmd.args(["--bind", "127.0.0.1", "--port", &port.to_string()])
-            .args(["--requirepass", "another-one", "--save", "", "--appendonly", "no"])
+            .args([
+                "--requirepass",
+                "another-one",
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+            ])
             .arg("--dir")
             .arg(&dir);
         let pid = support::process::spawn_server(cmd, &log);
@@ -878,10 +965,7 @@ fn locked_redis() -> u16 {
 
 fn assert_no_secret(what: &str, text: &str) {
     for secret in [PW, "S3cret", "p@ss", "w?rd"] {
-        assert!(
-            !text.contains(secret),
-            "{what} shows the password: {text}"
-        );
+        assert!(!text.contains(secret), "{what} shows the password: {text}");
     }
 }
 
@@ -902,7 +986,7 @@ async fn no_error_from_a_redis_url_shows_its_password() {
                 assert_no_secret(&format!("with_password({url})"), &e);
             }
             if let Err(e) = with_password(&redact(&url).replace("***", "x"), PW) {
-                assert_no_secret(&format!("with_password(.., password)"), &e);
+                assert_no_secret("with_password(.., password)", &e);
             }
             let opts = lanekeeper::store::ConnectOptions {
                 connect_timeout: Duration::from_millis(500),
@@ -918,7 +1002,12 @@ async fn no_error_from_a_redis_url_shows_its_password() {
         }
     }
     // A password set apart from the URL (passwordSecretRef, --redis-password).
-    for url in ["redis://h:1/", "redis+cluster://h:1,,h:2", "redis+cluster://h:1/7", "not a url"] {
+    for url in [
+        "redis://h:1/",
+        "redis+cluster://h:1,,h:2",
+        "redis+cluster://h:1/7",
+        "not a url",
+    ] {
         if let Err(e) = with_password(url, PW) {
             assert_no_secret(&format!("with_password({url}, password)"), &e);
         }
@@ -938,11 +1027,58 @@ fn no_cli_command_prints_a_redis_password() {
         let commands: Vec<Vec<&str>> = vec![
             vec!["route", "--redis", url, "--shard-set", "a/b", "t"],
             vec!["top", "--redis", url, "--shard-set", "a/b"],
-            vec!["route", "--redis", url, "--shard-set", "a/b", "--redis-password", PW, "t"],
-            vec!["route", "--redis", url, "--shard-set", "a/b", "--redis-cluster", "--redis-password", ODD_PW, "t"],
-            vec!["worker", "--redis", url, "--shard-set", "a/b", "--queue", "shard-0"],
-            vec!["ingest", "--redis", url, "--shard-set", "a/b", "--api-keys", &keys, "--listen", "127.0.0.1:0"],
-            vec!["simulate", "--redis", url, "--duration", "1s", "--tenants", "2", "--svg", "/dev/null"],
+            vec![
+                "route",
+                "--redis",
+                url,
+                "--shard-set",
+                "a/b",
+                "--redis-password",
+                PW,
+                "t",
+            ],
+            vec![
+                "route",
+                "--redis",
+                url,
+                "--shard-set",
+                "a/b",
+                "--redis-cluster",
+                "--redis-password",
+                ODD_PW,
+                "t",
+            ],
+            vec![
+                "worker",
+                "--redis",
+                url,
+                "--shard-set",
+                "a/b",
+                "--queue",
+                "shard-0",
+            ],
+            vec![
+                "ingest",
+                "--redis",
+                url,
+                "--shard-set",
+                "a/b",
+                "--api-keys",
+                &keys,
+                "--listen",
+                "127.0.0.1:0",
+            ],
+            vec![
+                "simulate",
+                "--redis",
+                url,
+                "--duration",
+                "1s",
+                "--tenants",
+                "2",
+                "--svg",
+                "/dev/null",
+            ],
         ];
         for args in commands {
             let out = std::process::Command::new(env!("CARGO_BIN_EXE_lanekeeper"))

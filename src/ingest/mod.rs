@@ -423,7 +423,11 @@ impl Ingest {
 pub struct EventIn {
     /// The tenant whose webhook this is: `^[A-Za-z0-9][A-Za-z0-9._:-]*$`, at
     /// most 128 bytes.
-    #[schema(pattern = "^[A-Za-z0-9][A-Za-z0-9._:-]*$", max_length = 128, min_length = 1)]
+    #[schema(
+        pattern = "^[A-Za-z0-9][A-Za-z0-9._:-]*$",
+        max_length = 128,
+        min_length = 1
+    )]
     pub tenant: String,
     /// The tenant's endpoint, by name. Without it, an `eventType` fans out to
     /// every enabled endpoint that takes the type; with neither, the endpoint
@@ -937,11 +941,20 @@ impl<'a> Slices<'a> {
 
     /// Add `env` (of item `owner`, `len` payload bytes); sends the slice
     /// before it first when `env` would make the slice too large.
-    async fn push(&mut self, owner: usize, env: Envelope, len: usize) -> Result<Vec<Sent>, ApiError> {
+    async fn push(
+        &mut self,
+        owner: usize,
+        env: Envelope,
+        len: usize,
+    ) -> Result<Vec<Sent>, ApiError> {
         let full = !self.pending.is_empty()
             && (self.bytes + len > SEND_SLICE_BYTES
                 || self.pending.len() >= crate::store::ENQUEUE_CHUNK);
-        let done = if full { self.flush().await? } else { Vec::new() };
+        let done = if full {
+            self.flush().await?
+        } else {
+            Vec::new()
+        };
         self.bytes += len;
         self.pending.push(env);
         self.owners.push(owner);
@@ -1029,7 +1042,10 @@ fn batch_items(b: &[u8], ndjson: bool, max: usize) -> Result<Vec<&[u8]>, ApiErro
         fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
             f.write_str("a JSON array of events")
         }
-        fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
+        fn visit_seq<A: serde::de::SeqAccess<'de>>(
+            self,
+            mut seq: A,
+        ) -> Result<Self::Value, A::Error> {
             let mut out = Vec::new();
             while let Some(item) = seq.next_element::<&'de serde_json::value::RawValue>()? {
                 if out.len() == self.0 {

@@ -59,7 +59,10 @@ impl Guard {
     /// Resolve `host` without checking its addresses (the proxy's host).
     pub fn trusting(mut self, host: &str) -> Self {
         let mut t = (*self.trusted).clone();
-        t.push(host.trim_matches(|c| c == '[' || c == ']').to_ascii_lowercase());
+        t.push(
+            host.trim_matches(|c| c == '[' || c == ']')
+                .to_ascii_lowercase(),
+        );
         self.trusted = Arc::new(t);
         self
     }
