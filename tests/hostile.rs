@@ -1098,3 +1098,22 @@ fn no_cli_command_prints_a_redis_password() {
         }
     }
 }
+
+/// IPv6 forms that embed a private IPv4 address, and the deprecated
+/// site-local range, are refused (before the fix they passed the guard).
+#[test]
+fn the_guard_refuses_ipv6_forms_of_private_addresses() {
+    let g = lanekeeper::worker::ssrf::Guard::default();
+    for ip in [
+        "::10.0.0.1",                           // IPv4-compatible
+        "::169.254.169.254",                    // IPv4-compatible metadata
+        "fec0::1",                              // site-local
+        "2001:0:4136:e378:8000:63bf:f5ff:fffe", // Teredo, client 10.0.0.1
+        "2002:c0a8:101::1",                     // 6to4 of 192.168.1.1
+        "64:ff9b:1::a00:1",                     // local-use NAT64 of 10.0.0.1
+    ] {
+        let e = g.check("h", ip.parse().unwrap());
+        assert!(e.is_err(), "{ip} passed the guard");
+    }
+    assert!(g.check("h", "2606:4700::1111".parse().unwrap()).is_ok());
+}
