@@ -942,7 +942,10 @@ fn locked_redis() -> u16 {
         let port = support::process::free_port();
         let dir = support::process::scratch_dir("redis-locked");
         let log = dir.join("redis.log");
-        let server = support::process::require_program("redis-server", "see README.md");
+        let server = support::process::require_debian_program(
+            "redis-server",
+            support::redis::REDIS_PACKAGES,
+        );
         let mut cmd = std::process::Command::new(server);
         cmd.args(["--bind", "127.0.0.1", "--port", &port.to_string()])
             .args([
