@@ -1120,3 +1120,241 @@ fn the_guard_refuses_ipv6_forms_of_private_addresses() {
     }
     assert!(g.check("h", "2606:4700::1111".parse().unwrap()).is_ok());
 }
+
+// ---- schemathesis against the served OpenAPI document ----------------------
+
+/// The pinned schemathesis, installed once into the cache with pip (PyPI).
+const SCHEMATHESIS: &str = "4.32.5";
+
+/// `python3` and the directory holding schemathesis: installed with pip
+/// into the cache on first use. Fails loudly when it cannot be installed:
+/// nothing is skipped.
+fn schemathesis() -> (std::path::PathBuf, std::path::PathBuf) {
+    let python = support::process::require_program(
+        "python3",
+        "install Python 3 (`apt-get install -y python3 python3-pip`): the schemathesis test needs it",
+    );
+    let cache = std::env::var_os("LANEKEEPER_CACHE")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|| {
+            std::path::PathBuf::from(std::env::var_os("HOME").expect("HOME"))
+                .join(".cache/lanekeeper")
+        });
+    let dir = cache.join(format!("schemathesis-{SCHEMATHESIS}"));
+    let works = |dir: &std::path::Path| {
+        std::process::Command::new(&python)
+            .args(["-c", "import schemathesis"])
+            .env("PYTHONPATH", dir)
+            .output()
+            .is_ok_and(|o| o.status.success())
+    };
+    if !works(&dir) {
+        let _ = writeln!(
+            std::io::stderr(),
+            "lanekeeper tests: installing schemathesis {SCHEMATHESIS} from PyPI into {}",
+            dir.display()
+        );
+        let tmp = cache.join(format!("schemathesis-{SCHEMATHESIS}.partial"));
+        let _ = std::fs::remove_dir_all(&tmp);
+        let out = std::process::Command::new(&python)
+            .args([
+                "-m",
+                "pip",
+                "install",
+                "--quiet",
+                "--disable-pip-version-check",
+                "--target",
+            ])
+            .arg(&tmp)
+            .arg(format!("schemathesis=={SCHEMATHESIS}"))
+            .env("PIP_ROOT_USER_ACTION", "ignore")
+            .output()
+            .expect("run python3 -m pip");
+        assert!(
+            out.status.success(),
+            "cannot install schemathesis {SCHEMATHESIS} with `python3 -m pip install --target {} schemathesis=={SCHEMATHESIS}`: {}{}",
+            dir.display(),
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::rename(&tmp, &dir).expect("move schemathesis into the cache");
+        assert!(
+            works(&dir),
+            "schemathesis installed into {} but does not import",
+            dir.display()
+        );
+    }
+    (python, dir)
+}
+
+/// Schemathesis generates requests from `/v1/openapi.json` (valid and
+/// invalid, every operation) and checks every answer: no 5xx, and only
+/// status codes the document lists for the operation.
+#[test]
+fn schemathesis_finds_no_server_error_and_no_undocumented_status() {
+    let (python, dir) = schemathesis();
+    let redis = support::redis::shared();
+    let ingest = support::workers::Ingest::spawn(&redis.url, "hostile/schemathesis", &[]);
+    let secs = std::env::var("LANEKEEPER_SCHEMATHESIS_SECS").unwrap_or_else(|_| "60".into());
+    let report = support::process::scratch_dir("schemathesis");
+    let out = std::process::Command::new(&python)
+        .args(["-m", "schemathesis.cli", "run"])
+        .arg(format!("{}/v1/openapi.json", ingest.base()))
+        .args(["--checks", "not_a_server_error,status_code_conformance"])
+        .args(["--header", &format!("Authorization: Bearer {}", ingest.key)])
+        .args(["--max-time", &secs, "--workers", "1", "--seed", "24"])
+        .args(["--suppress-health-check", "all", "--request-timeout", "10"])
+        .args(["--generation-database", "none", "--no-color"])
+        .arg("--report-dir")
+        .arg(&report)
+        .current_dir(&report)
+        .env("PYTHONPATH", &dir)
+        .env("SCHEMATHESIS_TELEMETRY", "false")
+        .output()
+        .expect("run schemathesis");
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let tail: String = text
+        .lines()
+        .rev()
+        .take(60)
+        .collect::<Vec<_>>()
+        .into_iter()
+        .rev()
+        .collect::<Vec<_>>()
+        .join("\n");
+    eprintln!("schemathesis {SCHEMATHESIS} ({secs} s):\n{tail}");
+    assert!(out.status.success(), "schemathesis found failures:\n{text}");
+    assert!(text.contains("passed"), "schemathesis ran no test:\n{text}");
+}
+
+/// Raw bytes (random, and mutations of valid bodies) posted to every route
+/// that takes a body, with and without NDJSON's content type, against the
+/// served API and a real Redis: no answer is a 5xx or a code the OpenAPI
+/// document does not list, and ingest stays up. Bounded in time
+/// (LANEKEEPER_FUZZ_SECS, default 15 s).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn raw_bytes_against_the_served_api_get_documented_4xx_only() {
+    use proptest::prelude::*;
+    use proptest::strategy::ValueTree;
+    let redis = support::redis::shared();
+    let ingest = support::workers::Ingest::spawn(&redis.url, "hostile/fuzz", &[]);
+    let (base, key) = (ingest.base(), ingest.key.clone());
+    let http = http();
+    let (s, v) = send(
+        &http,
+        reqwest::Method::PUT,
+        format!("{base}/v1/tenants/acme/endpoints/default"),
+        Some(&key),
+        "application/json",
+        br#"{"url":"https://acme.example/h","eventTypes":[]}"#.to_vec(),
+    )
+    .await;
+    assert_eq!(s, 200, "{v}");
+    let doc: Value = serde_json::from_str(
+        &http
+            .get(format!("{base}/v1/openapi.json"))
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap(),
+    )
+    .unwrap();
+    let documented = |path: &str, method: &str| -> Vec<u16> {
+        doc["paths"][path][method]["responses"]
+            .as_object()
+            .unwrap()
+            .keys()
+            .map(|k| k.parse().unwrap())
+            .collect()
+    };
+    let seeds: Vec<Vec<u8>> = vec![
+        br#"{"tenant":"acme","payload":{"a":[1,2,{"b":null}]},"id":"x1"}"#.to_vec(),
+        br#"[{"tenant":"acme","payload":1},{"tenant":"acme","payload":"x","eventType":"t"}]"#
+            .to_vec(),
+        b"{\"tenant\":\"acme\",\"payload\":{}}\n{\"tenant\":\"acme\",\"payload\":[]}\n".to_vec(),
+        br#"{"url":"https://acme.example/h","eventTypes":["a"],"enabled":true}"#.to_vec(),
+    ];
+    let strategy = prop_oneof![
+        proptest::collection::vec(any::<u8>(), 0..300),
+        (
+            proptest::sample::select(seeds),
+            proptest::collection::vec((any::<usize>(), any::<u8>(), any::<bool>()), 0..6)
+        )
+            .prop_map(|(mut b, edits)| {
+                for (at, byte, insert) in edits {
+                    let i = at % (b.len() + 1);
+                    if insert || i == b.len() {
+                        b.insert(i, byte);
+                    } else {
+                        b[i] = byte;
+                    }
+                }
+                b
+            }),
+    ];
+    let targets = [
+        (reqwest::Method::POST, "/v1/events", "/v1/events", "post"),
+        (
+            reqwest::Method::POST,
+            "/v1/events:batch",
+            "/v1/events:batch",
+            "post",
+        ),
+        (
+            reqwest::Method::PUT,
+            "/v1/tenants/acme/endpoints/fz",
+            "/v1/tenants/{tenant}/endpoints/{endpoint}",
+            "put",
+        ),
+    ];
+    let secs: u64 = std::env::var("LANEKEEPER_FUZZ_SECS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(15);
+    let mut runner = proptest::test_runner::TestRunner::deterministic();
+    let started = Instant::now();
+    let mut n = 0u64;
+    let mut seen = std::collections::BTreeMap::<u16, u64>::new();
+    while started.elapsed() < Duration::from_secs(secs) {
+        let body = strategy.new_tree(&mut runner).unwrap().current();
+        let (method, path, template, m) = &targets[(n % 3) as usize];
+        let ct = if n.is_multiple_of(2) {
+            "application/json"
+        } else {
+            "application/x-ndjson"
+        };
+        let (s, v) = send(
+            &http,
+            method.clone(),
+            format!("{base}{path}"),
+            Some(&key),
+            ct,
+            body.clone(),
+        )
+        .await;
+        *seen.entry(s).or_default() += 1;
+        assert!(
+            s < 500 && documented(template, m).contains(&s),
+            "{m} {path} answered {s} (documented: {:?}) to {:?}: {v}",
+            documented(template, m),
+            String::from_utf8_lossy(&body)
+        );
+        if s >= 400 {
+            assert!(
+                v["code"].is_string() && v["message"].is_string(),
+                "{s}: {v}"
+            );
+        }
+        n += 1;
+    }
+    eprintln!("raw-bytes fuzz: {n} requests in {secs} s, answers by status: {seen:?}");
+    assert!(n > 100, "only {n} requests in {secs} s");
+    assert!(support::process::is_running(ingest.pid));
+}

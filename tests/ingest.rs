@@ -408,7 +408,10 @@ async fn a_whale_over_its_backlog_limit_gets_429_and_small_tenants_do_not_notice
     for i in 0..200 {
         let started = Instant::now();
         let (s, v) = a
-            .post(&a.admin, json!({"tenant": "small", "payload": {"alone": i}}))
+            .post(
+                &a.admin,
+                json!({"tenant": "small", "payload": {"alone": i}}),
+            )
             .await;
         alone.push(started.elapsed());
         assert_eq!(s, StatusCode::ACCEPTED, "{v}");
