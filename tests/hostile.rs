@@ -473,9 +473,12 @@ fn slow_connections_are_cut_off_and_normal_requests_stay_prompt() {
         assert!(*t < Duration::from_secs(6), "slow body answered at {t:?}");
         assert!(text.starts_with("HTTP/1.1 408"), "slow body got {text:?}");
     }
-    // Prompt: no slower than 20 idle requests' worth, and under a second.
+    // Prompt: answered before the first slow connection's timeout (2 s)
+    // could have freed anything, so no normal request waited on a slow one
+    // (a server that parks requests behind slow connections answers after a
+    // timeout, or never). A bound from the mechanism, not from one machine.
     assert!(
-        worst < (idle * 20).max(Duration::from_millis(200)) && worst < Duration::from_secs(1),
+        worst < Duration::from_millis(1500),
         "a normal request took {worst:?} beside the slow connections ({idle:?} idle)"
     );
 }

@@ -1749,6 +1749,21 @@ async fn record(
     res
 }
 
+/// Read and drop a refused request's body (at most 64 MiB, within
+/// `timeout`, at most 10 s) while its answer goes out, then let the
+/// connection close: a client still sending would otherwise meet a reset
+/// before it reads the answer (a lingering close). Nothing of it is kept.
+fn discard(body: axum::body::Body, timeout: Duration) {
+    use http_body_util::BodyExt;
+    tokio::spawn(async move {
+        let mut body = http_body_util::Limited::new(body, 64 * 1024 * 1024);
+        let _ = tokio::time::timeout(timeout.min(Duration::from_secs(10)), async {
+            while let Some(Ok(_)) = body.frame().await {}
+        })
+        .await;
+    });
+}
+
 /// Largest body of a dead-letter replay, in bytes (10,000 ids of the
 /// longest kind fit).
 pub const MAX_REPLAY_BODY_BYTES: usize = 2 * 1024 * 1024;
@@ -1768,12 +1783,14 @@ async fn read_body(
     let config = &ingest.inner.config;
     if let Err(e) = ingest.authenticate(req.headers()) {
         let mut r = e.into_response();
-        if req.headers().contains_key(header::CONTENT_LENGTH)
-            || req.headers().contains_key(header::TRANSFER_ENCODING)
+        let (parts, body) = req.into_parts();
+        if parts.headers.contains_key(header::CONTENT_LENGTH)
+            || parts.headers.contains_key(header::TRANSFER_ENCODING)
         {
-            // Its body is not read: the connection cannot carry another request.
+            // Its body is not kept: the connection cannot carry another request.
             r.headers_mut()
                 .insert(header::CONNECTION, HeaderValue::from_static("close"));
+            discard(body, config.body_read_timeout);
         }
         return r;
     }
@@ -1803,6 +1820,7 @@ async fn read_body(
         r
     };
     if declared.is_some_and(|n| n > limit as u64) {
+        discard(body, config.body_read_timeout);
         return too_large();
     }
     let collect = http_body_util::Limited::new(body, limit).collect();
