@@ -4,7 +4,7 @@
 use serde::{Deserialize, Serialize};
 
 /// Longest tenant id, in bytes.
-pub const MAX_TENANT_BYTES: usize = 256;
+pub const MAX_TENANT_BYTES: usize = 128;
 /// The endpoint of envelopes that name none.
 pub const DEFAULT_ENDPOINT: &str = "default";
 /// Longest envelope id, in bytes.
@@ -42,7 +42,11 @@ fn invalid(field: &'static str, reason: impl Into<String>) -> InvalidEnvelope {
     }
 }
 
-/// Check a tenant id: non-empty, at most 256 bytes, no control characters.
+/// Check a tenant id against the one rule every entry point shares (ingest,
+/// the api keys file, the CRDs' `tenant` fields, the CLI):
+/// `^[A-Za-z0-9][A-Za-z0-9._:-]*$`, at most [`MAX_TENANT_BYTES`] bytes. A
+/// tenant id is part of Redis keys, metric labels and log lines, so it stays
+/// printable ASCII without spaces, quotes or bidi controls.
 pub fn validate_tenant(tenant: &str) -> Result<(), InvalidEnvelope> {
     if tenant.is_empty() {
         return Err(invalid("tenant", "must not be empty"));
@@ -53,11 +57,16 @@ pub fn validate_tenant(tenant: &str) -> Result<(), InvalidEnvelope> {
             format!("is {} bytes; the limit is {MAX_TENANT_BYTES}", tenant.len()),
         ));
     }
-    if let Some(c) = tenant.chars().find(|c| c.is_control()) {
-        return Err(invalid(
-            "tenant",
-            format!("contains the control character {c:?}"),
-        ));
+    let rule = "a tenant id starts with a letter or digit and contains only letters, digits, '.', '_', ':' and '-'";
+    let first = tenant.chars().next().unwrap_or_default();
+    if !first.is_ascii_alphanumeric() {
+        return Err(invalid("tenant", format!("starts with {first:?}; {rule}")));
+    }
+    if let Some(c) = tenant
+        .chars()
+        .find(|c| !(c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | ':' | '-')))
+    {
+        return Err(invalid("tenant", format!("contains {c:?}; {rule}")));
     }
     Ok(())
 }
@@ -121,18 +130,41 @@ mod tests {
             env("", "a").validate().unwrap_err().to_string(),
             "tenant: must not be empty"
         );
-        let long = "t".repeat(257);
+        let long = "t".repeat(129);
         assert!(env(&long, "a")
             .validate()
             .unwrap_err()
             .to_string()
-            .contains("257 bytes"));
-        assert!(env("a\nb", "a")
-            .validate()
-            .unwrap_err()
-            .to_string()
-            .contains("control character"));
-        assert!(env(&"t".repeat(256), "a").validate().is_ok());
+            .contains("129 bytes; the limit is 128"));
+        assert!(env(&"t".repeat(128), "a").validate().is_ok());
+        for ok in ["acme", "A1", "org:team-7.prod_x", "0"] {
+            assert!(validate_tenant(ok).is_ok(), "{ok:?}");
+        }
+        // The documented rule, ^[A-Za-z0-9][A-Za-z0-9._:-]*$: no control
+        // characters, spaces, quotes, slashes, non-ASCII letters or bidi
+        // overrides, and no leading punctuation.
+        for bad in [
+            "a\nb",
+            "a b",
+            "a\"b",
+            "a'b",
+            "a/b",
+            "a{b}",
+            "caf\u{e9}",
+            "evil\u{202e}gnp",
+            "\u{200b}x",
+            "-a",
+            ".a",
+            ":a",
+            "_a",
+            "a\u{0}",
+            "a*",
+            "a,b",
+        ] {
+            let e = validate_tenant(bad).unwrap_err();
+            assert_eq!(e.field, "tenant", "{bad:?}");
+            assert!(e.reason.contains("letter or digit"), "{bad:?}: {e}");
+        }
     }
 
     #[test]

@@ -148,8 +148,9 @@ struct IngestArgs {
     /// Largest payload of one event, in bytes.
     #[arg(long, env = "LANEKEEPER_MAX_PAYLOAD_BYTES", default_value_t = 256 * 1024)]
     max_payload_bytes: usize,
-    /// Largest request body, in bytes.
-    #[arg(long, env = "LANEKEEPER_MAX_BODY_BYTES", default_value_t = 64 * 1024 * 1024)]
+    /// Largest request body of an event or a batch, in bytes (an endpoint
+    /// definition takes at most 64 KiB).
+    #[arg(long, env = "LANEKEEPER_MAX_BODY_BYTES", default_value_t = 16 * 1024 * 1024)]
     max_body_bytes: usize,
     /// Most events in one batch.
     #[arg(long, env = "LANEKEEPER_MAX_BATCH_ITEMS", default_value_t = 10_000)]
@@ -157,6 +158,37 @@ struct IngestArgs {
     /// Longest wait for Redis before answering 503.
     #[arg(long, env = "LANEKEEPER_REDIS_TIMEOUT", default_value = "2s")]
     redis_timeout: kube::core::Duration,
+    /// Most endpoints one tenant may define (also the widest fan-out of one event).
+    #[arg(
+        long,
+        env = "LANEKEEPER_MAX_ENDPOINTS_PER_TENANT",
+        default_value_t = 16
+    )]
+    max_endpoints_per_tenant: usize,
+    /// Longest endpoint URL, in bytes.
+    #[arg(
+        long,
+        env = "LANEKEEPER_MAX_ENDPOINT_URL_BYTES",
+        default_value_t = 2048
+    )]
+    max_endpoint_url_bytes: usize,
+    /// Most entries in an endpoint's eventTypes.
+    #[arg(
+        long,
+        env = "LANEKEEPER_MAX_ENDPOINT_EVENT_TYPES",
+        default_value_t = 64
+    )]
+    max_endpoint_event_types: usize,
+    /// Time a client has to send a request's headers; an idle kept-alive
+    /// connection is closed after it too.
+    #[arg(long, env = "LANEKEEPER_HEADER_READ_TIMEOUT", default_value = "10s")]
+    header_read_timeout: kube::core::Duration,
+    /// Time a client has to send a request's body (then 408).
+    #[arg(long, env = "LANEKEEPER_BODY_READ_TIMEOUT", default_value = "30s")]
+    body_read_timeout: kube::core::Duration,
+    /// Most connections open at once; more wait in the listen backlog.
+    #[arg(long, env = "LANEKEEPER_MAX_CONNECTIONS", default_value_t = 1024)]
+    max_connections: usize,
 }
 
 #[derive(clap::Args, Debug)]
@@ -193,6 +225,13 @@ struct WorkerArgs {
         value_delimiter = ','
     )]
     allow_cidrs: Vec<ipnet::IpNet>,
+    /// HTTP proxy for every delivery (http://host:port). Without it no proxy
+    /// is used: HTTP_PROXY, HTTPS_PROXY and ALL_PROXY are ignored. With it,
+    /// the SSRF guard checks each URL's host before the request, but the
+    /// proxy resolves and connects on its own: its access rules must refuse
+    /// internal addresses (see docs/architecture.md).
+    #[arg(long, env = "LANEKEEPER_PROXY")]
+    proxy: Option<reqwest::Url>,
     /// After SIGTERM, time for deliveries in flight to finish.
     #[arg(long, env = "LANEKEEPER_GRACE_PERIOD", default_value = "25s")]
     grace_period: kube::core::Duration,
@@ -440,6 +479,14 @@ async fn ingest(args: IngestArgs) -> anyhow::Result<()> {
             overrides: args.backlog_limit_for.into_iter().collect(),
         },
         redis_timeout: args.redis_timeout.into(),
+        endpoints: lanekeeper::ingest::EndpointLimits {
+            per_tenant: args.max_endpoints_per_tenant,
+            url_bytes: args.max_endpoint_url_bytes,
+            event_types: args.max_endpoint_event_types,
+        },
+        header_read_timeout: args.header_read_timeout.into(),
+        body_read_timeout: args.body_read_timeout.into(),
+        max_connections: args.max_connections,
         ..Default::default()
     };
     let ingest = lanekeeper::ingest::Ingest::new(
@@ -500,6 +547,7 @@ async fn worker(args: WorkerArgs) -> anyhow::Result<()> {
         worker_id,
         metrics_addr: args.metrics_addr,
         tenant_label_cap: args.tenant_label_cap,
+        proxy: args.proxy,
     };
     let stop = lanekeeper::worker::stop_on_signals();
     lanekeeper::worker::run(store, config, stop).await

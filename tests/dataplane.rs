@@ -117,7 +117,7 @@ async fn bad_input_is_refused_naming_the_field() {
         .await
         .unwrap_err()
         .to_string()
-        .contains("control character"));
+        .contains("contains '\\u{7}'; a tenant id starts with a letter or digit"));
     // In a batch, one bad item does not sink the others.
     let mut bad = env("acme", 2);
     bad.tenant = String::new();

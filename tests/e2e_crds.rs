@@ -292,6 +292,35 @@ spec:
         assert!(err.contains(want), "missing {want:?} in:\n{err}");
     }
 
+    // Tenant ids in weights follow the one tenant rule (issue 24).
+    for (name, tenant) in [
+        ("spaced", "two words"),
+        ("bidi", "evil\\u202egnp"),
+        ("dash", "-x"),
+    ] {
+        let err = rejected(
+            cp,
+            &ns,
+            &format!(
+                r#"
+apiVersion: lanekeeper.io/v1alpha1
+kind: ShardSet
+metadata: {{name: {name}}}
+spec:
+  shards: 1
+  redis: {{url: "redis://redis:6379/0"}}
+  worker: {{image: "lanekeeper:dev"}}
+  scheduler: {{weights: [{{tenant: "{tenant}", weight: 2}}]}}
+"#
+            ),
+        );
+        assert!(
+            err.contains("spec.scheduler.weights[0].tenant")
+                && err.contains("^[A-Za-z0-9][A-Za-z0-9._:-]*$"),
+            "{tenant:?}: {err}"
+        );
+    }
+
     // A name that would make Deployment names too long for their labels.
     let err = rejected(
         cp,

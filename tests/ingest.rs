@@ -403,6 +403,21 @@ async fn a_whale_over_its_backlog_limit_gets_429_and_small_tenants_do_not_notice
     .await;
     a.endpoint("whale", "default", &[]).await;
     a.endpoint("small", "default", &[]).await;
+    // Baseline, in this test on this machine: the small tenant's posts alone.
+    let mut alone = Vec::new();
+    for i in 0..200 {
+        let started = Instant::now();
+        let (s, v) = a
+            .post(
+                &a.admin,
+                json!({"tenant": "small", "payload": {"alone": i}}),
+            )
+            .await;
+        alone.push(started.elapsed());
+        assert_eq!(s, StatusCode::ACCEPTED, "{v}");
+    }
+    alone.sort();
+    let (alone50, alone99) = (alone[alone.len() / 2], alone[alone.len() * 99 / 100]);
     let batch: Vec<Value> = (0..50)
         .map(|i| json!({"tenant": "whale", "payload": {"n": i}}))
         .collect();
@@ -450,8 +465,20 @@ async fn a_whale_over_its_backlog_limit_gets_429_and_small_tenants_do_not_notice
     small.sort();
     let p50 = small[small.len() / 2];
     let p99 = small[small.len() * 99 / 100];
-    eprintln!("small tenant's posts while the whale is refused: p50 {p50:?}, p99 {p99:?}");
-    assert!(p99 < Duration::from_millis(250), "p99 {p99:?}");
+    eprintln!("small tenant's posts while the whale is refused: p50 {p50:?}, p99 {p99:?} (alone: p50 {alone50:?}, p99 {alone99:?})");
+    // The whale's refusals are answered in between, never in front of the
+    // small tenant's posts: the typical post is no slower, and the tail may
+    // meet a few refreshes of the routing and endpoint caches (a Redis round
+    // trip each, the p50's order): bounds in the machine's own units, not in
+    // milliseconds tuned on one machine.
+    assert!(
+        p50 <= alone50 * 2,
+        "p50 {p50:?} beside the whale vs {alone50:?} alone"
+    );
+    assert!(
+        p99 <= (alone99 + alone50 * 10) * 2,
+        "p99 {p99:?} beside the whale vs {alone99:?} alone (p50 {alone50:?})"
+    );
     // Nothing of the refused posts was stored.
     let q = a.queue_of("whale").await;
     assert_eq!(a.store.tenant_state(q, "whale").await.unwrap().depth, 50);

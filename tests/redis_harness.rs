@@ -29,3 +29,59 @@ async fn test_redis_is_a_real_server() {
         .unwrap();
     assert_eq!(n, 2);
 }
+
+/// A PATH directory holding only `tools` (links to the real ones).
+fn path_with_only(tools: &[&str]) -> std::path::PathBuf {
+    let dir = support::process::scratch_dir("path");
+    for t in tools {
+        let real = support::process::require_program(t, "it is part of every Debian system");
+        std::os::unix::fs::symlink(real, dir.join(t)).unwrap();
+    }
+    dir
+}
+
+/// On a fresh machine without Redis, the test support, demo.sh and .ci/run
+/// install redis-server and redis-tools with apt-get when they may (root on
+/// a Debian-like system), and otherwise stop with the exact command.
+/// (The installing branch runs on a fresh machine only: this one has Redis.)
+#[test]
+fn a_missing_redis_names_the_exact_install_command() {
+    let panic = std::panic::catch_unwind(|| {
+        support::process::install_or_explain("redis-server", support::redis::REDIS_PACKAGES, false)
+    })
+    .unwrap_err();
+    let msg = panic.downcast_ref::<String>().cloned().unwrap_or_default();
+    assert!(
+        msg.contains("apt-get update && ")
+            && msg.contains("apt-get install -y redis-server redis-tools"),
+        "{msg}"
+    );
+    let root = unsafe { libc::geteuid() } == 0;
+    let sudo = if root { "" } else { "sudo " };
+    let repo = env!("CARGO_MANIFEST_DIR");
+    // With apt-get (but told not to install), and without it.
+    for (tools, want) in [
+        (
+            vec!["bash", "id", "dirname", "apt-get"],
+            format!("install with: {sudo}apt-get update && {sudo}apt-get install -y redis-server redis-tools"),
+        ),
+        (
+            vec!["bash", "id", "dirname"],
+            format!("install them with your package manager (on Debian or Ubuntu: {sudo}apt-get install -y redis-server redis-tools)"),
+        ),
+    ] {
+        let path = path_with_only(&tools);
+        for script in ["demo.sh", ".ci/run"] {
+            let out = std::process::Command::new(path.join("bash"))
+                .arg(format!("{repo}/{script}"))
+                .env_clear()
+                .env("PATH", &path)
+                .env("LANEKEEPER_NO_INSTALL", "1")
+                .output()
+                .unwrap();
+            let err = String::from_utf8_lossy(&out.stderr);
+            assert!(!out.status.success(), "{script} went on without Redis");
+            assert!(err.contains(&want), "{script} ({tools:?}): {err}");
+        }
+    }
+}

@@ -298,9 +298,14 @@ async fn small_tenant_wait_does_not_grow_with_the_whale_backlog() {
     let (fair50, fair99, fair_drain) = small_tenant_scenario(100_000, false).await;
     let (fifo50, fifo99, fifo_drain) = small_tenant_scenario(100_000, true).await;
     eprintln!("small tenant wait, ms (p50 / p99): alone {alone50} / {alone99}; behind a 100000-envelope whale: fair {fair50} / {fair99} (whale drained in {fair_drain:?}); single FIFO {fifo50} / {fifo99} (drained in {fifo_drain:?})");
+    // A ratio against the run alone, measured in this test. The p99 of 50
+    // waits is their largest, so it is floored by the machine's own typical
+    // wait (3 x the p50 alone) rather than by a number of milliseconds
+    // tuned on one machine: a machine twice as slow doubles both sides.
+    let floor = alone99.max(3 * alone50);
     assert!(
-        fair99 <= 2 * alone99.max(25),
-        "small tenant p99 {fair99} ms behind the whale vs {alone99} ms alone"
+        fair99 <= 2 * floor,
+        "small tenant p99 {fair99} ms behind the whale vs {alone99} ms alone (p50 {alone50} ms)"
     );
     assert!(
         fifo99 > 10 * fair99,
@@ -349,11 +354,30 @@ async fn a_slow_endpoint_with_cap_two_barely_moves_the_others() {
         support::process::signal(pid, libc::SIGKILL);
         r
     }
-    let (base50, base99) = others_p99(false).await;
-    let (slow50, slow99) = others_p99(true).await;
-    eprintln!("other tenants' wait, ms (p50 / p99): without the slow tenant {base50} / {base99}; with a 10 s endpoint capped at 2 in flight {slow50} / {slow99}");
+    // Rounds alternate without and with the slow tenant, so that load from
+    // elsewhere on the machine falls on both alike; the medians are compared.
+    let (mut base, mut slow) = (Vec::new(), Vec::new());
+    for _ in 0..3 {
+        base.push(others_p99(false).await);
+        slow.push(others_p99(true).await);
+    }
+    let median = |v: &[(u64, u64)], f: fn(&(u64, u64)) -> u64| {
+        let mut x: Vec<u64> = v.iter().map(f).collect();
+        x.sort();
+        x[x.len() / 2]
+    };
+    let (base50, base99) = (median(&base, |r| r.0), median(&base, |r| r.1));
+    let (slow50, slow99) = (median(&slow, |r| r.0), median(&slow, |r| r.1));
+    eprintln!("other tenants' wait, ms (p50 / p99, median of 3 alternating rounds): without the slow tenant {base50} / {base99}; with a 10 s endpoint capped at 2 in flight {slow50} / {slow99} (rounds: {base:?} vs {slow:?})");
+    // Mechanism: the cap leaves 6 of the worker's 8 slots to the others, who
+    // need about one (5 ms each, 100 a second); were the cap not honoured,
+    // the slow tenant would take all 8 for 10 s and the others would wait
+    // seconds. So the others' p99 may not more than double, floored by the
+    // machine's own typical wait (3 x the p50 without the slow tenant), not
+    // by a number of milliseconds tuned on one machine.
+    let floor = base99.max(3 * base50);
     assert!(
-        slow99 <= 2 * base99.max(25),
-        "a 10 s endpoint moved the others' p99 from {base99} to {slow99} ms"
+        slow99 <= 2 * floor,
+        "a 10 s endpoint moved the others' p99 from {base99} to {slow99} ms (p50 {base50} ms)"
     );
 }

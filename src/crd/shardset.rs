@@ -290,7 +290,8 @@ impl Default for SchedulerSpec {
 pub struct TenantWeight {
     /// Tenant id.
     #[x_kube(validation = Rule::new("self != ''").message("tenant must not be empty"))]
-    #[schemars(length(max = 128))]
+    // A pattern, not CEL: a list of 10,000 regex rules would blow the CEL cost budget.
+    #[schemars(length(max = 128), regex(pattern = r"^[A-Za-z0-9][A-Za-z0-9._:-]*$"))]
     pub tenant: String,
     /// Weight, at least 0.01 and at most 1000.
     #[x_kube(validation = Rule::new("self >= 0.01 && self <= 1000.0").message("weight must be at least 0.01 and at most 1000"))]

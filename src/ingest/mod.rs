@@ -64,12 +64,14 @@ impl BacklogLimits {
     }
 }
 
-/// Ingest settings.
+/// Ingest settings. The defaults bound what one request can make the process
+/// hold (see docs/architecture.md, "Ingest under hostile input").
 #[derive(Clone, Debug)]
 pub struct Config {
-    /// Largest payload of one event, in bytes (JSON as posted).
+    /// Largest payload of one event, in bytes (its JSON without insignificant
+    /// whitespace).
     pub max_payload_bytes: usize,
-    /// Largest request body (a batch), in bytes.
+    /// Largest request body of an event or a batch, in bytes.
     pub max_body_bytes: usize,
     /// Most events in one batch.
     pub max_batch_items: usize,
@@ -78,17 +80,67 @@ pub struct Config {
     pub redis_timeout: Duration,
     /// How long routing tables and endpoint lists are cached.
     pub cache_ttl: Duration,
+    /// Limits on endpoint definitions.
+    pub endpoints: EndpointLimits,
+    /// Time a client has to send a request's headers (and, on a kept-alive
+    /// connection, the next request's) before the connection is closed.
+    pub header_read_timeout: Duration,
+    /// Time a client has to send a request's whole body; past it the answer
+    /// is 408.
+    pub body_read_timeout: Duration,
+    /// Most connections open at once; past it, new connections wait in the
+    /// listen backlog until one closes.
+    pub max_connections: usize,
 }
+
+/// Limits on a tenant's endpoint definitions, each refusal a 400 naming the
+/// field and the limit.
+#[derive(Clone, Debug)]
+pub struct EndpointLimits {
+    /// Endpoints one tenant may have (so also the widest fan-out of one event).
+    pub per_tenant: usize,
+    /// Longest endpoint URL, in bytes.
+    pub url_bytes: usize,
+    /// Most entries in an endpoint's `eventTypes`.
+    pub event_types: usize,
+}
+
+impl Default for EndpointLimits {
+    fn default() -> Self {
+        Self {
+            per_tenant: 16,
+            url_bytes: 2048,
+            event_types: 64,
+        }
+    }
+}
+
+/// Longest event type, in bytes (an event's `eventType`, an endpoint's
+/// `eventTypes` entries).
+pub const MAX_EVENT_TYPE_BYTES: usize = 128;
+/// Largest body of an endpoint definition (PUT), in bytes.
+pub const MAX_ENDPOINT_BODY_BYTES: usize = 64 * 1024;
+/// Longest error message, in bytes: messages quote what the client sent
+/// (field names, tenant ids, endpoint names), and a client sends a lot.
+const MAX_MESSAGE_BYTES: usize = 512;
+/// A batch's envelopes go to Redis in slices of about this many payload
+/// bytes (or [`crate::store::ENQUEUE_CHUNK`] envelopes), so that only one
+/// slice's payloads are held as parsed JSON at a time.
+const SEND_SLICE_BYTES: usize = 1024 * 1024;
 
 impl Default for Config {
     fn default() -> Self {
         Self {
             max_payload_bytes: 256 * 1024,
-            max_body_bytes: 64 * 1024 * 1024,
+            max_body_bytes: 16 * 1024 * 1024,
             max_batch_items: 10_000,
             backlog: BacklogLimits::default(),
             redis_timeout: Duration::from_secs(2),
             cache_ttl: Duration::from_secs(1),
+            endpoints: EndpointLimits::default(),
+            header_read_timeout: Duration::from_secs(10),
+            body_read_timeout: Duration::from_secs(30),
+            max_connections: 1024,
         }
     }
 }
@@ -108,6 +160,9 @@ struct Inner {
     config: Config,
     metrics: IngestMetrics,
     endpoints: Mutex<EndpointCache>,
+    /// Endpoint writes of this process, one at a time, so that the count
+    /// check and the write of one PUT are not interleaved with another's.
+    endpoint_writes: tokio::sync::Mutex<()>,
 }
 
 impl Ingest {
@@ -119,6 +174,7 @@ impl Ingest {
                 config,
                 metrics,
                 endpoints: Mutex::default(),
+                endpoint_writes: tokio::sync::Mutex::new(()),
             }),
         }
     }
@@ -197,20 +253,18 @@ impl Ingest {
         if !who.may_act_for(tenant) {
             return Err(ApiError::forbidden(&who, tenant, None));
         }
+        crate::envelope::validate_tenant(tenant)
+            .map_err(|e| ApiError::field(StatusCode::BAD_REQUEST, "tenant", e.reason))?;
         Ok(who)
     }
 
     /// The envelopes one event becomes: one for the endpoint named (or
     /// `default`), or, for an event type without an endpoint, one per enabled
-    /// endpoint of the tenant whose filter takes the type.
-    /// `raw_len` is the size of the event's JSON as posted: a payload is
-    /// measured exactly only when the whole event is over the limit.
-    async fn envelopes(
-        &self,
-        ev: EventIn,
-        raw_len: usize,
-        field: &str,
-    ) -> Result<Vec<Envelope>, ApiError> {
+    /// endpoint of the tenant whose filter takes the type. The envelopes come
+    /// back with a `null` payload; [`Planned::materialize`] fills it in when
+    /// it is its turn to be sent, so that a fan-out does not hold one parsed
+    /// copy of the payload per endpoint at once.
+    async fn plan(&self, ev: EventIn, field: &str) -> Result<Planned, ApiError> {
         let f = |name: &str| {
             if field.is_empty() {
                 name.to_string()
@@ -220,22 +274,24 @@ impl Ingest {
         };
         crate::envelope::validate_tenant(&ev.tenant)
             .map_err(|e| ApiError::field(StatusCode::BAD_REQUEST, &f("tenant"), e.reason))?;
-        let size = if raw_len > self.inner.config.max_payload_bytes {
-            serde_json::to_vec(&ev.payload)
-                .map(|v| v.len())
-                .unwrap_or(0)
-        } else {
-            0
-        };
-        if size > self.inner.config.max_payload_bytes {
-            return Err(ApiError::field(
-                StatusCode::PAYLOAD_TOO_LARGE,
-                &f("payload"),
-                format!(
-                    "is {size} bytes; the limit is {}",
-                    self.inner.config.max_payload_bytes
-                ),
-            ));
+        let max = self.inner.config.max_payload_bytes;
+        if ev.payload.get().len() > max {
+            let size = compact_len(ev.payload.get());
+            if size > max {
+                return Err(ApiError::field(
+                    StatusCode::PAYLOAD_TOO_LARGE,
+                    &f("payload"),
+                    format!("is {size} bytes; the limit is {max}"),
+                ));
+            }
+        }
+        if let Some(name) = &ev.endpoint {
+            check_endpoint_name(name)
+                .map_err(|r| ApiError::field(StatusCode::BAD_REQUEST, &f("endpoint"), r))?;
+        }
+        if let Some(t) = &ev.event_type {
+            check_event_type(t)
+                .map_err(|r| ApiError::field(StatusCode::BAD_REQUEST, &f("eventType"), r))?;
         }
         let id = match ev.id {
             Some(id) => id,
@@ -269,6 +325,17 @@ impl Ingest {
                         ),
                     ));
                 }
+                let limit = self.inner.config.endpoints.per_tenant;
+                if names.len() > limit {
+                    return Err(ApiError::field(
+                        StatusCode::UNPROCESSABLE_ENTITY,
+                        &f("eventType"),
+                        format!(
+                            "fans out to {} endpoints; the limit is {limit} endpoints per tenant",
+                            names.len()
+                        ),
+                    ));
+                }
                 names
             }
             (None, None) => {
@@ -289,9 +356,7 @@ impl Ingest {
         // Fan-out ids derive from the event's, so a retried post is still a duplicate.
         let fan_out = ev.endpoint.is_none() && ev.event_type.is_some();
         let mut out: Vec<Envelope> = Vec::with_capacity(targets.len());
-        let last = targets.len() - 1;
-        let mut payload = Some(ev.payload);
-        for (i, endpoint) in targets.into_iter().enumerate() {
+        for endpoint in targets {
             out.push(Envelope {
                 id: if fan_out {
                     format!("{id}.{endpoint}")
@@ -301,12 +366,7 @@ impl Ingest {
                 tenant: ev.tenant.clone(),
                 endpoint: Some(endpoint),
                 event_type: ev.event_type.clone(),
-                // the last envelope takes the payload; the others copy it
-                payload: if i == last {
-                    payload.take().unwrap_or_default()
-                } else {
-                    payload.clone().unwrap_or_default()
-                },
+                payload: serde_json::Value::Null,
             });
         }
         for e in &out {
@@ -324,7 +384,10 @@ impl Ingest {
                 ApiError::field(StatusCode::BAD_REQUEST, &f(err.field), err.reason)
             })?;
         }
-        Ok(out)
+        Ok(Planned {
+            envelopes: out,
+            payload: ev.payload,
+        })
     }
 
     /// Seconds until `tenant` has likely drained below its limit, from its
@@ -363,7 +426,13 @@ impl Ingest {
 #[derive(Clone, Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 pub struct EventIn {
-    /// The tenant whose webhook this is (at most 256 bytes, no control characters).
+    /// The tenant whose webhook this is: `^[A-Za-z0-9][A-Za-z0-9._:-]*$`, at
+    /// most 128 bytes.
+    #[schema(
+        pattern = "^[A-Za-z0-9][A-Za-z0-9._:-]*$",
+        max_length = 128,
+        min_length = 1
+    )]
     pub tenant: String,
     /// The tenant's endpoint, by name. Without it, an `eventType` fans out to
     /// every enabled endpoint that takes the type; with neither, the endpoint
@@ -373,12 +442,55 @@ pub struct EventIn {
     /// Event type, e.g. `user.password_reset`.
     #[serde(default)]
     pub event_type: Option<String>,
-    /// The webhook body.
+    /// The webhook body (kept as posted until it is sent, so that a large
+    /// payload is never held as a parsed tree longer than its turn).
     #[schema(value_type = Object)]
-    pub payload: serde_json::Value,
+    pub payload: Box<serde_json::value::RawValue>,
     /// Idempotency key: the same id twice is stored once. Generated when absent.
     #[serde(default)]
     pub id: Option<String>,
+}
+
+/// The envelopes of one event, payload still as posted.
+struct Planned {
+    envelopes: Vec<Envelope>,
+    payload: Box<serde_json::value::RawValue>,
+}
+
+impl Planned {
+    /// The envelopes with their payload parsed, one at a time.
+    fn materialize(self) -> impl Iterator<Item = (Envelope, usize)> {
+        let Planned { envelopes, payload } = self;
+        let len = payload.get().len();
+        envelopes.into_iter().map(move |mut e| {
+            // The raw text was parsed once already (as a RawValue), so this
+            // cannot fail but for the nesting limit, which both parsers share.
+            e.payload = serde_json::from_str(payload.get()).unwrap_or(serde_json::Value::Null);
+            (e, len)
+        })
+    }
+}
+
+/// Length of the JSON text `raw` without insignificant whitespace (what a
+/// compact re-encoding would be, up to string escapes), without parsing it.
+fn compact_len(raw: &str) -> usize {
+    let (mut n, mut in_string, mut escaped) = (0, false, false);
+    for b in raw.bytes() {
+        if in_string {
+            n += 1;
+            if escaped {
+                escaped = false;
+            } else if b == b'\\' {
+                escaped = true;
+            } else if b == b'"' {
+                in_string = false;
+            }
+        } else if !matches!(b, b' ' | b'\t' | b'\n' | b'\r') {
+            n += 1;
+            in_string = b == b'"';
+        }
+    }
+    n
 }
 
 /// Where one envelope went.
@@ -593,8 +705,8 @@ impl ApiError {
             status,
             body: ErrorBody {
                 code: code.into(),
-                field,
-                message: message.into(),
+                field: field.map(|f| clip(f, MAX_MESSAGE_BYTES)),
+                message: clip(message.into(), MAX_MESSAGE_BYTES),
             },
             retry_after: None,
         }
@@ -650,6 +762,19 @@ impl ApiError {
         e.retry_after = Some(retry_after);
         e
     }
+}
+
+/// `s` cut to at most `max` bytes (at a character boundary), marked when cut.
+fn clip(mut s: String, max: usize) -> String {
+    if s.len() > max {
+        let mut end = max - 3;
+        while !s.is_char_boundary(end) {
+            end -= 1;
+        }
+        s.truncate(end);
+        s.push_str("...");
+    }
+    s
 }
 
 impl IntoResponse for ApiError {
@@ -740,41 +865,48 @@ async fn post_event(
     let who = ingest.authenticate(&headers)?;
     let b = body(b, ingest.inner.config.max_body_bytes)?;
     let ev: EventIn = parse(&b)?;
+    drop(b);
     if !who.may_act_for(&ev.tenant) {
         return Err(ApiError::forbidden(&who, &ev.tenant, Some("tenant".into())));
     }
-    let envs = ingest.envelopes(ev, b.len(), "").await?;
-    let tenant = envs[0].tenant.clone();
+    let planned = ingest.plan(ev, "").await?;
+    let tenant = planned.envelopes[0].tenant.clone();
+    let count = planned.envelopes.len();
     let limit = ingest.inner.config.backlog.for_tenant(&tenant);
-    let results = ingest
-        .redis(ingest.inner.producer.send_batch(&envs, |_| limit))
-        .await?;
+    let mut slices = Slices::new(&ingest);
+    let mut sent = Vec::with_capacity(count);
+    for (env, len) in planned.materialize() {
+        sent.extend(slices.push(0, env, len).await?);
+    }
+    sent.extend(slices.flush().await?);
     let mut accepted = Vec::new();
     let mut queue = String::new();
-    for (env, r) in envs.iter().zip(results) {
-        let (q, outcome) = r.map_err(|e| match e {
+    for s in &sent {
+        if let Ok((q, EnqueueOutcome::Full { depth })) = &s.result {
+            ingest.count("backlog_full", count as u64);
+            let limit = limit.unwrap_or(0);
+            let after = ingest.retry_after(*q, &tenant, *depth, limit).await;
+            return Err(ApiError::backlog_full(&tenant, *depth, limit, after));
+        }
+    }
+    for s in sent {
+        let (q, outcome) = s.result.map_err(|e| match e {
             StoreError::Invalid(e) => ApiError::field(StatusCode::BAD_REQUEST, e.field, e.reason),
             e => ApiError::unavailable(format!("redis: {e}")),
         })?;
-        if let EnqueueOutcome::Full { depth } = outcome {
-            ingest.count("backlog_full", envs.len() as u64);
-            let limit = limit.unwrap_or(0);
-            let after = ingest.retry_after(q, &tenant, depth, limit).await;
-            return Err(ApiError::backlog_full(&tenant, depth, limit, after));
-        }
         queue = q.to_string();
         ingest.count(status_name(&outcome), 1);
         accepted.push(Accepted {
-            id: env.id.clone(),
-            endpoint: env.endpoint_name().to_string(),
+            id: s.id,
+            endpoint: s.endpoint,
             queue: q.to_string(),
             status: status_name(&outcome).into(),
         });
     }
-    let id = if envs.len() == 1 {
-        envs[0].id.clone()
+    let id = if accepted.len() == 1 {
+        accepted[0].id.clone()
     } else {
-        envs[0]
+        accepted[0]
             .id
             .rsplit_once('.')
             .map(|(id, _)| id.to_string())
@@ -788,6 +920,184 @@ async fn post_event(
             envelopes: accepted,
         }),
     ))
+}
+
+/// One envelope's answer from Redis, its payload already dropped.
+struct Sent {
+    /// The batch item it came from.
+    owner: usize,
+    id: String,
+    endpoint: String,
+    tenant: String,
+    result: Result<(QueueId, EnqueueOutcome), StoreError>,
+}
+
+/// Envelopes on their way to Redis in slices of about [`SEND_SLICE_BYTES`]
+/// payload bytes: a request's parsed payloads are dropped slice by slice, so
+/// the memory one request holds is its body plus one slice, however many
+/// events or endpoints it has.
+struct Slices<'a> {
+    ingest: &'a Ingest,
+    pending: Vec<Envelope>,
+    owners: Vec<usize>,
+    bytes: usize,
+    /// Whether any slice went to Redis yet.
+    sent_any: bool,
+}
+
+impl<'a> Slices<'a> {
+    fn new(ingest: &'a Ingest) -> Self {
+        Self {
+            ingest,
+            pending: Vec::new(),
+            owners: Vec::new(),
+            bytes: 0,
+            sent_any: false,
+        }
+    }
+
+    /// Add `env` (of item `owner`, `len` payload bytes); sends the slice
+    /// before it first when `env` would make the slice too large.
+    async fn push(
+        &mut self,
+        owner: usize,
+        env: Envelope,
+        len: usize,
+    ) -> Result<Vec<Sent>, ApiError> {
+        let full = !self.pending.is_empty()
+            && (self.bytes + len > SEND_SLICE_BYTES
+                || self.pending.len() >= crate::store::ENQUEUE_CHUNK);
+        let done = if full {
+            self.flush().await?
+        } else {
+            Vec::new()
+        };
+        self.bytes += len;
+        self.pending.push(env);
+        self.owners.push(owner);
+        Ok(done)
+    }
+
+    /// Send what is pending.
+    async fn flush(&mut self) -> Result<Vec<Sent>, ApiError> {
+        if self.pending.is_empty() {
+            return Ok(Vec::new());
+        }
+        let envs = std::mem::take(&mut self.pending);
+        let owners = std::mem::take(&mut self.owners);
+        self.bytes = 0;
+        let backlog = &self.ingest.inner.config.backlog;
+        let results = self
+            .ingest
+            .redis(
+                self.ingest
+                    .inner
+                    .producer
+                    .send_batch(&envs, |t| backlog.for_tenant(t)),
+            )
+            .await;
+        let results = match results {
+            Ok(r) => r,
+            Err(e) => {
+                // Put them back, so that their items can be answered.
+                self.pending = envs;
+                self.owners = owners;
+                return Err(e);
+            }
+        };
+        self.sent_any = true;
+        Ok(envs
+            .into_iter()
+            .zip(owners)
+            .zip(results)
+            .map(|((e, owner), result)| Sent {
+                owner,
+                endpoint: e.endpoint_name().to_string(),
+                id: e.id,
+                tenant: e.tenant,
+                result,
+            })
+            .collect())
+    }
+}
+
+/// The items of a batch body, as slices of it, without parsing them: a JSON
+/// array's elements, or NDJSON's non-blank lines. Stops at the first item
+/// past `max` (413), so that an oversized batch costs no more than a full one.
+fn batch_items(b: &[u8], ndjson: bool, max: usize) -> Result<Vec<&[u8]>, ApiError> {
+    let too_many = || {
+        ApiError::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "payload_too_large",
+            Some("body".into()),
+            format!("body: more than {max} events; a batch takes at most {max}"),
+        )
+    };
+    if ndjson {
+        let mut out = Vec::new();
+        for line in b.split(|c| *c == b'\n') {
+            if line.iter().all(u8::is_ascii_whitespace) {
+                continue;
+            }
+            if out.len() == max {
+                return Err(too_many());
+            }
+            out.push(line);
+        }
+        return Ok(out);
+    }
+    struct Bounded(usize);
+    const TOO_MANY: &str = "lanekeeper: too many batch items";
+    impl<'de> serde::de::DeserializeSeed<'de> for Bounded {
+        type Value = Vec<&'de serde_json::value::RawValue>;
+        fn deserialize<D: serde::Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
+            d.deserialize_seq(self)
+        }
+    }
+    impl<'de> serde::de::Visitor<'de> for Bounded {
+        type Value = Vec<&'de serde_json::value::RawValue>;
+        fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+            f.write_str("a JSON array of events")
+        }
+        fn visit_seq<A: serde::de::SeqAccess<'de>>(
+            self,
+            mut seq: A,
+        ) -> Result<Self::Value, A::Error> {
+            let mut out = Vec::new();
+            while let Some(item) = seq.next_element::<&'de serde_json::value::RawValue>()? {
+                if out.len() == self.0 {
+                    return Err(serde::de::Error::custom(TOO_MANY));
+                }
+                out.push(item);
+            }
+            Ok(out)
+        }
+    }
+    use serde::de::DeserializeSeed;
+    let mut de = serde_json::Deserializer::from_slice(b);
+    let items = Bounded(max)
+        .deserialize(&mut de)
+        .and_then(|v| de.end().map(|()| v))
+        .map_err(|e| {
+            if e.to_string().starts_with(TOO_MANY) {
+                too_many()
+            } else if e.is_syntax() || e.is_eof() {
+                ApiError::new(
+                    StatusCode::BAD_REQUEST,
+                    "malformed_json",
+                    None,
+                    format!("malformed JSON: {e}"),
+                )
+            } else {
+                ApiError::new(
+                    StatusCode::BAD_REQUEST,
+                    "invalid_field",
+                    Some("body".into()),
+                    format!("body: must be a JSON array of events ({e})"),
+                )
+            }
+        })?;
+    Ok(items.into_iter().map(|v| v.get().as_bytes()).collect())
 }
 
 /// Post many events: a JSON array, or NDJSON (`Content-Type:
@@ -812,40 +1122,24 @@ async fn post_batch(
         .get(header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())
         .is_some_and(|v| v.starts_with("application/x-ndjson"));
-    // Items parse one by one, so one bad item is its own 400.
-    let raw: Vec<(usize, Result<EventIn, ApiError>)> = if ndjson {
-        b.split(|c| *c == b'\n')
-            .filter(|l| !l.iter().all(u8::is_ascii_whitespace))
-            .map(|l| (l.len(), parse(l)))
-            .collect()
-    } else {
-        let items: Vec<Box<serde_json::value::RawValue>> = parse(&b).map_err(|mut e| {
-            if e.body.code == "invalid_field" {
-                e.body.message =
-                    format!("body: must be a JSON array of events ({})", e.body.message);
-            }
-            e
-        })?;
-        items
-            .iter()
-            .map(|v| (v.get().len(), parse(v.get().as_bytes())))
-            .collect()
-    };
-    let max = ingest.inner.config.max_batch_items;
-    if raw.len() > max {
-        return Err(ApiError::new(
-            StatusCode::PAYLOAD_TOO_LARGE,
-            "payload_too_large",
-            Some("body".into()),
-            format!("body: {} events; a batch takes at most {max}", raw.len()),
-        ));
-    }
-    let mut items: Vec<ItemResult> = Vec::with_capacity(raw.len());
-    let mut envs: Vec<Envelope> = Vec::new();
-    let mut owner: Vec<usize> = Vec::new();
-    for (i, (len, r)) in raw.into_iter().enumerate() {
+    // Only the items' places are found first (and their count checked);
+    // each is parsed in its turn, so one bad item is its own 400.
+    let raw = batch_items(&b, ndjson, ingest.inner.config.max_batch_items)?;
+    let mut items: Vec<ItemResult> = (0..raw.len())
+        .map(|index| ItemResult {
+            index,
+            status: 202,
+            envelopes: vec![],
+            error: None,
+            retry_after: None,
+        })
+        .collect();
+    let mut slices = Slices::new(&ingest);
+    let mut retry: HashMap<String, u64> = HashMap::new();
+    let mut outage: Option<(usize, ApiError)> = None;
+    'items: for (i, line) in raw.iter().enumerate() {
         let at = format!("items[{i}]");
-        let res = match r {
+        let planned = match parse::<EventIn>(line) {
             Err(mut e) => {
                 if let Some(f) = &e.body.field {
                     let f = format!("{at}.{f}");
@@ -859,57 +1153,87 @@ async fn post_batch(
                 &ev.tenant,
                 Some(format!("{at}.tenant")),
             )),
-            Ok(ev) => ingest.envelopes(ev, len, &at).await,
+            Ok(ev) => ingest.plan(ev, &at).await,
         };
-        items.push(ItemResult {
-            index: i,
-            status: 202,
-            envelopes: vec![],
-            error: None,
-            retry_after: None,
-        });
-        match res {
-            Ok(list) => {
-                for e in list {
-                    owner.push(i);
-                    envs.push(e);
+        match planned {
+            Ok(planned) => {
+                for (env, len) in planned.materialize() {
+                    match slices.push(i, env, len).await {
+                        Ok(done) => settle(&ingest, &mut items, &mut retry, done).await,
+                        Err(e) => {
+                            outage = Some((i, e));
+                            break 'items;
+                        }
+                    }
                 }
             }
+            Err(e) if e.status == StatusCode::SERVICE_UNAVAILABLE => {
+                outage = Some((i, e));
+                break;
+            }
             Err(e) => {
-                if e.status == StatusCode::SERVICE_UNAVAILABLE {
-                    return Err(e);
-                }
                 ingest.count("invalid", 1);
                 items[i].status = e.status.as_u16();
                 items[i].error = Some(e.body);
             }
         }
     }
-    let backlog = ingest.inner.config.backlog.clone();
-    let results = ingest
-        .redis(
-            ingest
-                .inner
-                .producer
-                .send_batch(&envs, |t| backlog.for_tenant(t)),
-        )
-        .await?;
-    let mut retry: HashMap<String, u64> = HashMap::new();
-    for ((env, r), i) in envs.iter().zip(results).zip(owner) {
+    if outage.is_none() {
+        match slices.flush().await {
+            Ok(done) => settle(&ingest, &mut items, &mut retry, done).await,
+            Err(e) => outage = Some((raw.len(), e)),
+        }
+    }
+    if let Some((from, e)) = outage {
+        // Nothing stored yet: the whole batch is a 503, to retry as it is.
+        if !slices.sent_any {
+            return Err(e);
+        }
+        // Some items were stored: answer each of the others with the 503
+        // it would have had alone.
+        let unsent: std::collections::BTreeSet<usize> = slices
+            .owners
+            .iter()
+            .copied()
+            .chain(from..raw.len())
+            .collect();
+        for i in unsent {
+            items[i].status = 503;
+            items[i].error = Some(e.body.clone());
+        }
+    }
+    let accepted = items.iter().filter(|i| i.status == 202).count();
+    Ok(Json(BatchResult {
+        accepted,
+        rejected: items.len() - accepted,
+        items,
+    }))
+}
+
+/// Record Redis's answers in the batch items they belong to.
+async fn settle(
+    ingest: &Ingest,
+    items: &mut [ItemResult],
+    retry: &mut HashMap<String, u64>,
+    done: Vec<Sent>,
+) {
+    let backlog = &ingest.inner.config.backlog;
+    for s in done {
+        let i = s.owner;
         let item = &mut items[i];
-        match r {
+        match s.result {
             Ok((q, EnqueueOutcome::Full { depth })) => {
                 ingest.count("backlog_full", 1);
-                let limit = backlog.for_tenant(&env.tenant).unwrap_or(0);
-                let after = match retry.get(&env.tenant) {
-                    Some(s) => *s,
+                let limit = backlog.for_tenant(&s.tenant).unwrap_or(0);
+                let after = match retry.get(&s.tenant) {
+                    Some(after) => *after,
                     None => {
-                        let s = ingest.retry_after(q, &env.tenant, depth, limit).await;
-                        retry.insert(env.tenant.clone(), s);
-                        s
+                        let after = ingest.retry_after(q, &s.tenant, depth, limit).await;
+                        retry.insert(s.tenant.clone(), after);
+                        after
                     }
                 };
-                let e = ApiError::backlog_full(&env.tenant, depth, limit, after);
+                let e = ApiError::backlog_full(&s.tenant, depth, limit, after);
                 item.status = 429;
                 item.error = Some(e.body);
                 item.retry_after = Some(after);
@@ -917,8 +1241,8 @@ async fn post_batch(
             Ok((q, outcome)) => {
                 ingest.count(status_name(&outcome), 1);
                 item.envelopes.push(Accepted {
-                    id: env.id.clone(),
-                    endpoint: env.endpoint_name().to_string(),
+                    id: s.id,
+                    endpoint: s.endpoint,
                     queue: q.to_string(),
                     status: status_name(&outcome).into(),
                 });
@@ -940,19 +1264,18 @@ async fn post_batch(
             }
         }
     }
-    let accepted = items.iter().filter(|i| i.status == 202).count();
-    Ok(Json(BatchResult {
-        accepted,
-        rejected: items.len() - accepted,
-        items,
-    }))
 }
 
 /// Create or replace an endpoint.
 #[utoipa::path(put, path = "/v1/tenants/{tenant}/endpoints/{endpoint}", request_body = EndpointIn,
     params(("tenant" = String, Path), ("endpoint" = String, Path)),
     responses((status = 200, description = "Stored; `secret` shows the signing secret once", body = EndpointOut),
-        (status = 400, body = ErrorBody), (status = 401, body = ErrorBody), (status = 403, body = ErrorBody), (status = 503, body = ErrorBody)),
+        (status = 400, description = "Malformed JSON, unknown or invalid field, or a field over its limit", body = ErrorBody),
+        (status = 401, body = ErrorBody), (status = 403, body = ErrorBody),
+        (status = 408, description = "The body did not arrive in time", body = ErrorBody),
+        (status = 413, description = "Body over 64 KiB", body = ErrorBody),
+        (status = 422, description = "The tenant has as many endpoints as it may have", body = ErrorBody),
+        (status = 503, body = ErrorBody)),
     security(("api_key" = [])))]
 async fn put_endpoint(
     State(ingest): State<Ingest>,
@@ -961,11 +1284,34 @@ async fn put_endpoint(
     b: Result<Bytes, BytesRejection>,
 ) -> Result<Json<EndpointOut>, ApiError> {
     ingest.authorize(&headers, &tenant)?;
-    crate::envelope::validate_tenant(&tenant)
-        .map_err(|e| ApiError::field(StatusCode::BAD_REQUEST, "tenant", e.reason))?;
     validate_endpoint_name(&name)?;
-    let b = body(b, ingest.inner.config.max_body_bytes)?;
+    let b = body(b, MAX_ENDPOINT_BODY_BYTES)?;
     let spec: EndpointIn = parse(&b)?;
+    drop(b);
+    let limits = &ingest.inner.config.endpoints;
+    let too_long = |field: &str, len: usize, limit: usize, what: &str| {
+        ApiError::field(
+            StatusCode::BAD_REQUEST,
+            field,
+            format!("is {len} {what}; the limit is {limit}"),
+        )
+    };
+    if spec.url.len() > limits.url_bytes {
+        return Err(too_long("url", spec.url.len(), limits.url_bytes, "bytes"));
+    }
+    if spec.event_types.len() > limits.event_types {
+        return Err(too_long(
+            "eventTypes",
+            spec.event_types.len(),
+            limits.event_types,
+            "entries",
+        ));
+    }
+    for (i, t) in spec.event_types.iter().enumerate() {
+        check_event_type(t).map_err(|r| {
+            ApiError::field(StatusCode::BAD_REQUEST, &format!("eventTypes[{i}]"), r)
+        })?;
+    }
     let secret = spec
         .secret
         .clone()
@@ -984,6 +1330,20 @@ async fn put_endpoint(
         };
         ApiError::field(StatusCode::BAD_REQUEST, field, e.reason)
     })?;
+    // The count check and the write, one PUT at a time in this process.
+    let _writing = ingest.inner.endpoint_writes.lock().await;
+    let existing = ingest.redis(ingest.store().endpoints(&tenant)).await?;
+    if !existing.contains_key(&name) && existing.len() >= limits.per_tenant {
+        return Err(ApiError::field(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "endpoint",
+            format!(
+                "tenant {tenant:?} has {} endpoints; the limit is {} endpoints per tenant",
+                existing.len(),
+                limits.per_tenant
+            ),
+        ));
+    }
     ingest
         .redis(ingest.store().put_endpoint(&tenant, &name, &endpoint))
         .await?;
@@ -1064,6 +1424,11 @@ fn not_found(tenant: &str, name: &str) -> ApiError {
 }
 
 fn validate_endpoint_name(name: &str) -> Result<(), ApiError> {
+    check_endpoint_name(name).map_err(|r| ApiError::field(StatusCode::BAD_REQUEST, "endpoint", r))
+}
+
+/// What is wrong with an endpoint name, if anything.
+fn check_endpoint_name(name: &str) -> Result<(), String> {
     let ok = !name.is_empty()
         && name.len() <= 64
         && name
@@ -1072,12 +1437,28 @@ fn validate_endpoint_name(name: &str) -> Result<(), ApiError> {
     if ok {
         Ok(())
     } else {
-        Err(ApiError::field(
-            StatusCode::BAD_REQUEST,
-            "endpoint",
-            format!("{name:?}: use 1 to 64 letters, digits, '-', '_' or '.'"),
+        Err(format!(
+            "{:?}: use 1 to 64 letters, digits, '-', '_' or '.'",
+            clip(name.to_string(), 80)
         ))
     }
+}
+
+/// What is wrong with an event type, if anything.
+fn check_event_type(t: &str) -> Result<(), String> {
+    if t.is_empty() {
+        return Err("must not be empty".into());
+    }
+    if t.len() > MAX_EVENT_TYPE_BYTES {
+        return Err(format!(
+            "is {} bytes; the limit is {MAX_EVENT_TYPE_BYTES}",
+            t.len()
+        ));
+    }
+    if let Some(c) = t.chars().find(|c| c.is_control()) {
+        return Err(format!("contains the control character {c:?}"));
+    }
+    Ok(())
 }
 
 /// The queues a tenant's dead letters may be in: where it is routed now,
@@ -1251,9 +1632,66 @@ async fn stats(
 #[openapi(
     info(title = "lanekeeper ingest", description = "Post webhooks for delivery, fairly across tenants."),
     paths(post_event, post_batch, put_endpoint, get_endpoint, list_endpoints, delete_endpoint, list_dead, replay_dead, stats),
-    modifiers(&SecurityAddon)
+    modifiers(&SecurityAddon, &CommonResponses)
 )]
 pub struct ApiDoc;
+
+/// Answers every operation can give, added to each one's responses unless
+/// it documents them itself: 400 (an invalid tenant in the path, a bad query),
+/// 401, 503, and for operations with a body 408 and 413. So a client (and
+/// schemathesis) can rely on the listed codes being all there are.
+struct CommonResponses;
+
+impl utoipa::Modify for CommonResponses {
+    fn modify(&self, openapi: &mut utoipa::openapi::OpenApi) {
+        use utoipa::openapi::{ContentBuilder, Ref, RefOr, ResponseBuilder};
+        let error = |description: &str| {
+            RefOr::T(
+                ResponseBuilder::new()
+                    .description(description)
+                    .content(
+                        "application/json",
+                        ContentBuilder::new()
+                            .schema(Some(Ref::from_schema_name("ErrorBody")))
+                            .build(),
+                    )
+                    .build(),
+            )
+        };
+        for item in openapi.paths.paths.values_mut() {
+            let ops = [
+                &mut item.get,
+                &mut item.put,
+                &mut item.post,
+                &mut item.delete,
+            ];
+            for op in ops.into_iter().flatten() {
+                let with_body = op.request_body.is_some();
+                let mut common = vec![
+                    (
+                        "400",
+                        "Invalid input: a field, the tenant in the path, or the query",
+                    ),
+                    ("401", "Missing or unknown api key"),
+                    ("503", "Redis is slow or down; retry"),
+                ];
+                if with_body {
+                    common.push((
+                        "408",
+                        "The body did not arrive within the body read timeout",
+                    ));
+                    common.push(("413", "Body over the limit"));
+                }
+                for (code, description) in common {
+                    op.responses
+                        .responses
+                        .entry(code.to_string())
+                        .or_insert_with(|| error(description));
+                }
+            }
+        }
+    }
+}
 
 struct SecurityAddon;
 
@@ -1287,6 +1725,7 @@ pub const ROUTES: &[(&str, &str)] = &[
 /// The API, with `/metrics`, `/healthz` and `/readyz` (ready while Redis answers).
 pub fn router(ingest: Ingest) -> Router {
     let metrics = ingest.inner.metrics.clone();
+    let counted = metrics.clone();
     let body_limit = ingest.inner.config.max_body_bytes;
     let api = Router::new()
         .route("/v1/events", post(post_event))
@@ -1304,8 +1743,8 @@ pub fn router(ingest: Ingest) -> Router {
         .route("/v1/tenants/{tenant}/stats", get(stats))
         .layer(DefaultBodyLimit::max(body_limit))
         .layer(axum::middleware::from_fn_with_state(
-            metrics.clone(),
-            record,
+            ingest.clone(),
+            read_body,
         ));
     Router::new()
         .merge(api)
@@ -1331,11 +1770,29 @@ pub fn router(ingest: Ingest) -> Router {
         .route("/healthz", get(|| async { "ok" }))
         .route("/readyz", get(ready))
         .with_state(ingest)
+        // Outermost, so that it sees unmatched paths too.
+        .layer(axum::middleware::from_fn_with_state(counted, record))
 }
 
 async fn ready(State(ingest): State<Ingest>) -> Result<&'static str, ApiError> {
     ingest.redis(ingest.store().ping()).await?;
     Ok("ok")
+}
+
+/// The methods metrics name; any other is counted as `other`, so that no
+/// client can grow the label set.
+const METHODS: [&str; 7] = ["get", "post", "put", "delete", "patch", "head", "options"];
+
+/// The `route` label of a request: a known method (else `other`) and the
+/// matched route template (else `unmatched`): at most 8 x (routes + 1) values.
+pub fn route_label(method: &axum::http::Method, matched: Option<&str>) -> String {
+    let m = method.as_str();
+    let method = METHODS
+        .iter()
+        .find(|k| k.eq_ignore_ascii_case(m))
+        .copied()
+        .unwrap_or("other");
+    format!("{method} {}", matched.unwrap_or("unmatched"))
 }
 
 /// Count every API request by route template and status, and time it.
@@ -1345,13 +1802,9 @@ async fn record(
     req: axum::extract::Request,
     next: axum::middleware::Next,
 ) -> Response {
-    let route = matched
-        .map(|m| m.as_str().to_string())
-        .unwrap_or_else(|| "unmatched".into());
-    let method = req.method().as_str().to_lowercase();
+    let route = route_label(req.method(), matched.as_ref().map(|m| m.as_str()));
     let started = Instant::now();
     let res = next.run(req).await;
-    let route = format!("{method} {route}");
     metrics
         .request_duration
         .get_or_create(&RouteLabels {
@@ -1368,8 +1821,120 @@ async fn record(
     res
 }
 
+/// Read and drop a refused request's body (at most 64 MiB, within
+/// `timeout`, at most 10 s) while its answer goes out, then let the
+/// connection close: a client still sending would otherwise meet a reset
+/// before it reads the answer (a lingering close). Nothing of it is kept.
+fn discard(body: axum::body::Body, timeout: Duration) {
+    use http_body_util::BodyExt;
+    tokio::spawn(async move {
+        let mut body = http_body_util::Limited::new(body, 64 * 1024 * 1024);
+        let _ = tokio::time::timeout(timeout.min(Duration::from_secs(10)), async {
+            while let Some(Ok(_)) = body.frame().await {}
+        })
+        .await;
+    });
+}
+
+/// Largest body of a dead-letter replay, in bytes (10,000 ids of the
+/// longest kind fit).
+pub const MAX_REPLAY_BODY_BYTES: usize = 2 * 1024 * 1024;
+
+/// Authenticate, then read the request's body before the handler runs,
+/// within the route's size limit and the body read timeout: a client
+/// without a known key is refused before any of its body is read, and one
+/// that sends its body a byte at a time gets 408 instead of holding the
+/// request open.
+async fn read_body(
+    State(ingest): State<Ingest>,
+    matched: Option<axum::extract::MatchedPath>,
+    req: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> Response {
+    use http_body_util::BodyExt;
+    let config = &ingest.inner.config;
+    if let Err(e) = ingest.authenticate(req.headers()) {
+        let mut r = e.into_response();
+        let (parts, body) = req.into_parts();
+        if parts.headers.contains_key(header::CONTENT_LENGTH)
+            || parts.headers.contains_key(header::TRANSFER_ENCODING)
+        {
+            // Its body is not kept: the connection cannot carry another request.
+            r.headers_mut()
+                .insert(header::CONNECTION, HeaderValue::from_static("close"));
+            discard(body, config.body_read_timeout);
+        }
+        return r;
+    }
+    let limit = match matched.as_ref().map(|m| m.as_str()) {
+        Some("/v1/tenants/{tenant}/endpoints/{endpoint}") => MAX_ENDPOINT_BODY_BYTES,
+        Some("/v1/tenants/{tenant}/dead-letters:replay") => {
+            MAX_REPLAY_BODY_BYTES.min(config.max_body_bytes)
+        }
+        _ => config.max_body_bytes,
+    };
+    let (parts, body) = req.into_parts();
+    let declared = parts
+        .headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    let too_large = || {
+        let mut r = ApiError::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "payload_too_large",
+            Some("body".into()),
+            format!("body: larger than the limit of {limit} bytes"),
+        )
+        .into_response();
+        r.headers_mut()
+            .insert(header::CONNECTION, HeaderValue::from_static("close"));
+        r
+    };
+    if declared.is_some_and(|n| n > limit as u64) {
+        discard(body, config.body_read_timeout);
+        return too_large();
+    }
+    let collect = http_body_util::Limited::new(body, limit).collect();
+    let bytes = match tokio::time::timeout(config.body_read_timeout, collect).await {
+        Ok(Ok(c)) => c.to_bytes(),
+        Ok(Err(e)) if e.is::<http_body_util::LengthLimitError>() => return too_large(),
+        Ok(Err(e)) => {
+            return ApiError::new(
+                StatusCode::BAD_REQUEST,
+                "bad_request",
+                Some("body".into()),
+                format!("body: could not be read: {e}"),
+            )
+            .into_response()
+        }
+        Err(_) => {
+            let mut r = ApiError::new(
+                StatusCode::REQUEST_TIMEOUT,
+                "request_timeout",
+                Some("body".into()),
+                format!("body: not received within {:?}", config.body_read_timeout),
+            )
+            .into_response();
+            r.headers_mut()
+                .insert(header::CONNECTION, HeaderValue::from_static("close"));
+            return r;
+        }
+    };
+    next.run(axum::extract::Request::from_parts(
+        parts,
+        axum::body::Body::from(bytes),
+    ))
+    .await
+}
+
 /// Serve the API on `addr` until `shutdown` resolves; in-flight requests
 /// finish first. Returns the bound address and the server task.
+///
+/// HTTP/1.1 only, with the limits of [`Config`]: headers must arrive within
+/// `header_read_timeout` (an idle kept-alive connection is closed after it
+/// too), at most `max_connections` are open at once, and a connection's
+/// buffered headers are capped at 64 KiB.
 pub async fn serve(
     addr: SocketAddr,
     ingest: Ingest,
@@ -1377,13 +1942,67 @@ pub async fn serve(
 ) -> std::io::Result<(SocketAddr, tokio::task::JoinHandle<std::io::Result<()>>)> {
     let listener = tokio::net::TcpListener::bind(addr).await?;
     let bound = listener.local_addr()?;
+    let config = ingest.inner.config.clone();
     let app = router(ingest);
-    let task = tokio::spawn(async move {
-        axum::serve(listener, app)
-            .with_graceful_shutdown(shutdown)
-            .await
-    });
+    let task = tokio::spawn(accept_loop(listener, app, config, shutdown));
     Ok((bound, task))
+}
+
+async fn accept_loop(
+    listener: tokio::net::TcpListener,
+    app: Router,
+    config: Config,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    use hyper_util::rt::{TokioIo, TokioTimer};
+    let slots = Arc::new(tokio::sync::Semaphore::new(config.max_connections.max(1)));
+    let (closing_tx, closing_rx) = tokio::sync::watch::channel(false);
+    // Every connection task holds a clone; recv() returns None once all are gone.
+    let (alive_tx, mut alive_rx) = tokio::sync::mpsc::channel::<()>(1);
+    let mut shutdown = std::pin::pin!(shutdown);
+    let mut builder = hyper::server::conn::http1::Builder::new();
+    builder
+        .timer(TokioTimer::new())
+        .header_read_timeout(config.header_read_timeout)
+        .max_buf_size(64 * 1024);
+    loop {
+        let permit = tokio::select! {
+            p = slots.clone().acquire_owned() => p.expect("the semaphore is never closed"),
+            () = &mut shutdown => break,
+        };
+        let (stream, _) = tokio::select! {
+            r = listener.accept() => match r {
+                Ok(c) => c,
+                Err(e) => {
+                    // Out of file descriptors and the like: wait, then go on.
+                    tracing::warn!(error = %e, "accept failed");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+            },
+            () = &mut shutdown => break,
+        };
+        let _ = stream.set_nodelay(true);
+        let service = hyper_util::service::TowerToHyperService::new(app.clone());
+        let conn = builder.serve_connection(TokioIo::new(stream), service);
+        let mut closing = closing_rx.clone();
+        let alive = alive_tx.clone();
+        tokio::spawn(async move {
+            let _permit = permit;
+            let _alive = alive;
+            let mut conn = std::pin::pin!(conn);
+            tokio::select! {
+                _ = conn.as_mut() => return,
+                _ = closing.wait_for(|c| *c) => conn.as_mut().graceful_shutdown(),
+            }
+            let _ = conn.await;
+        });
+    }
+    drop(listener);
+    let _ = closing_tx.send(true);
+    drop(alive_tx);
+    let _ = alive_rx.recv().await;
+    Ok(())
 }
 
 #[cfg(test)]
@@ -1424,6 +2043,110 @@ mod tests {
         assert_eq!(e.body.code, "malformed_json", "{e:?}");
         let e = parse::<EventIn>(br#"{"payload":{}}"#).unwrap_err();
         assert!(e.body.message.contains("missing field `tenant`"), "{e:?}");
+    }
+
+    /// The request parsers over arbitrary bytes (and over mutations of valid
+    /// bodies, to get past the first byte): they never panic, never return
+    /// more than the item limit, and every error is a 4xx whose message is
+    /// bounded. Bounded in time: LANEKEEPER_FUZZ_CASES cases (default 20,000; about 3 s).
+    #[test]
+    fn request_parsers_hold_up_under_raw_bytes() {
+        use proptest::prelude::*;
+        use proptest::test_runner::{Config as PConfig, TestRunner};
+        let cases = std::env::var("LANEKEEPER_FUZZ_CASES")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(20_000);
+        let seeds: Vec<&[u8]> = vec![
+            br#"{"tenant":"acme","payload":{"a":[1,2,{"b":null}]},"id":"x","eventType":"t"}"#,
+            br#"[{"tenant":"a","payload":1},{"tenant":"b","payload":"x","endpoint":"e"}]"#,
+            b"{\"tenant\":\"a\",\"payload\":{}}\n\n{\"tenant\":\"b\",\"payload\":[]}\n",
+            br#"{"url":"https://x.example/h","eventTypes":["a","b"],"enabled":false}"#,
+        ];
+        let bytes = prop_oneof![
+            proptest::collection::vec(any::<u8>(), 0..512),
+            (
+                proptest::sample::select(seeds),
+                proptest::collection::vec((any::<usize>(), any::<u8>(), 0u8..3), 0..8)
+            )
+                .prop_map(|(seed, edits)| {
+                    let mut b = seed.to_vec();
+                    for (at, byte, op) in edits {
+                        let i = at % (b.len() + 1);
+                        match op {
+                            0 => b.insert(i, byte),
+                            1 if i < b.len() => b[i] = byte,
+                            _ if i < b.len() => {
+                                b.remove(i);
+                            }
+                            _ => {}
+                        }
+                    }
+                    b
+                }),
+        ];
+        let mut runner = TestRunner::new(PConfig {
+            cases,
+            failure_persistence: None,
+            ..PConfig::default()
+        });
+        runner
+            .run(&(bytes, 1usize..8, any::<bool>()), |(b, max, ndjson)| {
+                let check = |e: &ApiError| {
+                    prop_assert!(e.status.is_client_error(), "{e:?}");
+                    prop_assert!(e.body.message.len() <= MAX_MESSAGE_BYTES, "{e:?}");
+                    Ok(())
+                };
+                match batch_items(&b, ndjson, max) {
+                    Ok(items) => {
+                        prop_assert!(items.len() <= max);
+                        for item in items {
+                            if !ndjson {
+                                prop_assert!(
+                                    serde_json::from_slice::<serde::de::IgnoredAny>(item).is_ok()
+                                );
+                            }
+                            if let Err(e) = parse::<EventIn>(item) {
+                                check(&e)?;
+                            }
+                        }
+                    }
+                    Err(e) => check(&e)?,
+                }
+                match parse::<EventIn>(&b) {
+                    Ok(ev) => {
+                        let n = compact_len(ev.payload.get());
+                        let v: serde_json::Value = serde_json::from_str(ev.payload.get()).unwrap();
+                        // equal up to string escapes, which re-encoding may shorten
+                        prop_assert!(n >= serde_json::to_vec(&v).unwrap().len());
+                    }
+                    Err(e) => check(&e)?,
+                }
+                if let Err(e) = parse::<EndpointIn>(&b) {
+                    check(&e)?;
+                }
+                Ok(())
+            })
+            .unwrap();
+    }
+
+    #[test]
+    fn compact_len_is_the_compact_encoding_without_escapes() {
+        let raw = "{ \"a\" : [ 1 , 2 ] ,\n \"b c\" : \"x y\\\" z\" }";
+        let v: serde_json::Value = serde_json::from_str(raw).unwrap();
+        assert_eq!(compact_len(raw), serde_json::to_vec(&v).unwrap().len());
+    }
+
+    #[test]
+    fn route_labels_are_bounded() {
+        use axum::http::Method;
+        let odd = Method::from_bytes(b"M17571").unwrap();
+        assert_eq!(route_label(&odd, Some("/v1/events")), "other /v1/events");
+        assert_eq!(route_label(&Method::GET, None), "get unmatched");
+        assert_eq!(
+            route_label(&Method::POST, Some("/v1/events:batch")),
+            "post /v1/events:batch"
+        );
     }
 
     #[test]

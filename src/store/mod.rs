@@ -632,7 +632,8 @@ pub fn cluster_nodes(url: &str) -> Option<std::result::Result<Vec<String>, Strin
         };
         if !matches!(path, "" | "/" | "/0") {
             return Err(format!(
-                "redis url {url:?}: a cluster has only database 0, not {path:?}"
+                "redis url {:?}: a cluster has only database 0, not {path:?}",
+                redact(url)
             ));
         }
         let (userinfo, hosts) = match authority.rsplit_once('@') {
@@ -642,7 +643,10 @@ pub fn cluster_nodes(url: &str) -> Option<std::result::Result<Vec<String>, Strin
         let mut nodes = Vec::new();
         for host in hosts.split(',') {
             if host.is_empty() {
-                return Err(format!("redis url {url:?}: empty host in the node list"));
+                return Err(format!(
+                    "redis url {:?}: empty host in the node list",
+                    redact(url)
+                ));
             }
             let has_port = match host.rfind(']') {
                 Some(i) => host[i..].contains(':'),
@@ -650,7 +654,8 @@ pub fn cluster_nodes(url: &str) -> Option<std::result::Result<Vec<String>, Strin
             };
             let port = if has_port { "" } else { ":6379" };
             let node = format!("{base}://{userinfo}{host}{port}{query}");
-            url::Url::parse(&node).map_err(|e| format!("redis url {url:?}: node {host:?}: {e}"))?;
+            url::Url::parse(&node)
+                .map_err(|e| format!("redis url {:?}: node {host:?}: {e}", redact(url)))?;
             nodes.push(node);
         }
         Ok(nodes)
@@ -2108,19 +2113,23 @@ pub fn cluster_url(url: &str, cluster: bool) -> String {
     }
 }
 
-/// `url` with any password replaced by `***`, for messages.
+/// `url` with any password replaced by `***`, for messages. The userinfo
+/// is taken to end at the *last* `@` (a password typed unencoded may hold
+/// `/`, `?`, `#` or `@`), and a URL without a scheme is read as one without
+/// `scheme://`, so a typo cannot make a password show; at worst a query
+/// holding `@` is hidden too.
 pub fn redact(url: &str) -> String {
-    match url.split_once("://") {
-        Some((scheme, rest)) => {
-            let end = rest.find(['/', '?']).unwrap_or(rest.len());
-            match rest[..end].rsplit_once('@') {
-                Some((userinfo, hosts)) => {
-                    let user = userinfo.split_once(':').map_or(userinfo, |(u, _)| u);
-                    format!("{scheme}://{user}:***@{hosts}{}", &rest[end..])
-                }
-                None => url.to_string(),
+    let (scheme, rest) = match url.split_once("://") {
+        Some((scheme, rest)) => (format!("{scheme}://"), rest),
+        None => (String::new(), url),
+    };
+    match rest.rsplit_once('@') {
+        Some((userinfo, hosts)) => match userinfo.split_once(':') {
+            Some((user, _)) if !user.contains(['/', '?', '#']) => {
+                format!("{scheme}{user}:***@{hosts}")
             }
-        }
+            _ => format!("{scheme}***@{hosts}"),
+        },
         None => url.to_string(),
     }
 }
@@ -2142,13 +2151,13 @@ pub fn with_password(url: &str, password: &str) -> std::result::Result<String, S
         let mut encoder = url::Url::parse("redis://host").expect("a valid url");
         encoder
             .set_password(Some(password))
-            .map_err(|_| format!("redis url {url:?} cannot carry a password"))?;
+            .map_err(|_| format!("redis url {:?} cannot carry a password", redact(url)))?;
         let encoded = encoder.password().unwrap_or_default();
         return Ok(format!("{scheme}://{user}:{encoded}@{hosts}{tail}"));
     }
-    let mut u = url::Url::parse(url).map_err(|e| format!("redis url {url:?}: {e}"))?;
+    let mut u = url::Url::parse(url).map_err(|e| format!("redis url {:?}: {e}", redact(url)))?;
     u.set_password(Some(password))
-        .map_err(|_| format!("redis url {url:?} cannot carry a password"))?;
+        .map_err(|_| format!("redis url {:?} cannot carry a password", redact(url)))?;
     Ok(u.to_string())
 }
 

@@ -2,7 +2,7 @@
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use super::ssrf::Guard;
+use super::ssrf::{Guard, ResolveError, Unresolved};
 use crate::endpoint::Endpoint;
 use crate::envelope::Envelope;
 use crate::signing::signature_header;
@@ -44,24 +44,48 @@ impl Outcome {
 pub struct Deliverer {
     client: reqwest::Client,
     guard: Guard,
+    /// Whether requests go through a proxy (which resolves the host itself).
+    proxied: bool,
 }
 
 impl Deliverer {
+    /// Without `proxy`, no proxy at all: the environment's `HTTP_PROXY`,
+    /// `HTTPS_PROXY` and `ALL_PROXY` are ignored, since a proxy would connect
+    /// to the tenant's URL on the worker's behalf, past the guard. With
+    /// `proxy`, every delivery goes through it; the guard then checks each
+    /// URL's host (its literal address, or what its name resolves to here)
+    /// before the request, and the proxy's own host is not checked.
     pub fn new(
         guard: Guard,
         connect_timeout: Duration,
         timeout: Duration,
+        proxy: Option<&reqwest::Url>,
     ) -> Result<Self, reqwest::Error> {
-        let client = reqwest::Client::builder()
+        let mut resolver = guard.clone();
+        let mut builder = reqwest::Client::builder()
             .connect_timeout(connect_timeout)
             .timeout(timeout)
             // A redirect could point anywhere, an internal address included.
             .redirect(reqwest::redirect::Policy::none())
-            .dns_resolver(std::sync::Arc::new(guard.clone()))
             .user_agent(concat!("lanekeeper/", env!("CARGO_PKG_VERSION")))
-            .pool_max_idle_per_host(64)
+            .pool_max_idle_per_host(64);
+        match proxy {
+            Some(url) => {
+                if let Some(host) = url.host_str() {
+                    resolver = resolver.trusting(host);
+                }
+                builder = builder.proxy(reqwest::Proxy::all(url.clone())?);
+            }
+            None => builder = builder.no_proxy(),
+        }
+        let client = builder
+            .dns_resolver(std::sync::Arc::new(resolver))
             .build()?;
-        Ok(Self { client, guard })
+        Ok(Self {
+            client,
+            guard,
+            proxied: proxy.is_some(),
+        })
     }
 
     /// POST `env` to `endpoint`, signed with all of its secrets.
@@ -100,7 +124,18 @@ impl Deliverer {
                     return refused("ssrf", e.to_string());
                 }
             }
-            Some(url::Host::Domain(_)) => {}
+            Some(url::Host::Domain(host)) => {
+                // Through a proxy, the client never resolves the tenant's host:
+                // resolve and check it here (the proxy resolves it again).
+                if self.proxied {
+                    let port = url.port_or_known_default().unwrap_or(443);
+                    match self.guard.resolve(host, port).await {
+                        Ok(_) => {}
+                        Err(ResolveError::Refused(e)) => return refused("ssrf", e.to_string()),
+                        Err(ResolveError::Unresolved(e)) => return unresolved(&e),
+                    }
+                }
+            }
             None => return refused("bad_url", format!("endpoint {name}: url has no host")),
         }
         let body = serde_json::to_vec(&env.payload).unwrap_or_default();
@@ -158,15 +193,31 @@ impl Deliverer {
     }
 }
 
+/// A failed lookup: retried with backoff, and counted against the endpoint
+/// (its breaker), like a connection error; never a dead letter by itself.
+fn unresolved(e: &Unresolved) -> Outcome {
+    Outcome::Retry {
+        class: "dns_error",
+        cause: e.to_string(),
+        retry_after: None,
+        endpoint_fault: true,
+    }
+}
+
 fn classify_error(e: reqwest::Error) -> Outcome {
-    // The guard's refusal surfaces as a connect error whose source is `Refused`.
+    // The guard's answer surfaces as a connect error whose source is a
+    // `ResolveError`: a refusal dead-letters, a failed lookup is retried.
     let mut source: Option<&(dyn std::error::Error + 'static)> = Some(&e);
     while let Some(s) = source {
-        if let Some(r) = s.downcast_ref::<super::ssrf::Refused>() {
-            return Outcome::Refused {
-                class: "ssrf",
-                cause: r.to_string(),
-            };
+        match s.downcast_ref::<ResolveError>() {
+            Some(ResolveError::Refused(r)) => {
+                return Outcome::Refused {
+                    class: "ssrf",
+                    cause: r.to_string(),
+                }
+            }
+            Some(ResolveError::Unresolved(u)) => return unresolved(u),
+            None => {}
         }
         source = s.source();
     }

@@ -44,6 +44,9 @@ pub struct WorkerConfig {
     pub worker_id: String,
     pub metrics_addr: Option<SocketAddr>,
     pub tenant_label_cap: usize,
+    /// HTTP proxy for every delivery. `None` (the default): no proxy, and
+    /// `HTTP_PROXY`/`HTTPS_PROXY`/`ALL_PROXY` in the environment are ignored.
+    pub proxy: Option<reqwest::Url>,
 }
 
 impl WorkerConfig {
@@ -112,7 +115,11 @@ pub async fn run(
         ssrf::Guard::new(config.allow.clone()),
         config.connect_timeout,
         config.delivery_timeout,
+        config.proxy.as_ref(),
     )?;
+    if let Some(p) = &config.proxy {
+        warn!(proxy = %crate::store::redact(p.as_str()), "deliveries go through an HTTP proxy: the SSRF guard checks each URL's host before the request, but the proxy resolves it again; its own access rules must refuse internal addresses");
+    }
     let metrics = WorkerMetrics::new(config.tenant_label_cap);
     if let Some(addr) = config.metrics_addr {
         let mut s = stop.clone();

@@ -6,6 +6,7 @@
 //! normal exit, passed or failed, an `atexit` hook stops them and removes
 //! their scratch directories.
 
+use std::io::Write;
 use std::net::TcpListener;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
@@ -203,6 +204,85 @@ pub fn require_program(name: &str, install_hint: &str) -> PathBuf {
                 .find(|p| p.is_file())
         })
         .unwrap_or_else(|| panic!("`{name}` is not on PATH; {install_hint}"))
+}
+
+/// Find `name` on PATH; when it is missing and Debian's `packages` provide
+/// it, install them with apt-get as root on a Debian-like system (saying
+/// so on the terminal), else panic with the exact command to run. The same
+/// rule as tests/prerequisites.sh, which demo.sh and .ci/run use, so that
+/// `cargo test --locked` on a fresh machine sets itself up too.
+/// `LANEKEEPER_NO_INSTALL=1` never installs.
+pub fn require_debian_program(name: &str, packages: &[&str]) -> PathBuf {
+    if let Some(p) = find_program(name) {
+        return p;
+    }
+    let may_install = unsafe { libc::geteuid() } == 0
+        && find_program("apt-get").is_some()
+        && std::env::var_os("LANEKEEPER_NO_INSTALL").is_none();
+    install_or_explain(name, packages, may_install);
+    find_program(name).unwrap_or_else(|| {
+        panic!(
+            "`{name}` is still not on PATH after `apt-get install -y {}`",
+            packages.join(" ")
+        )
+    })
+}
+
+/// Install `packages` with apt-get (once per test binary), or panic with
+/// the command that would.
+pub fn install_or_explain(name: &str, packages: &[&str], may_install: bool) {
+    static APT: Mutex<()> = Mutex::new(());
+    let install = format!("apt-get install -y {}", packages.join(" "));
+    if !may_install {
+        let sudo = if unsafe { libc::geteuid() } == 0 {
+            ""
+        } else {
+            "sudo "
+        };
+        panic!(
+            "`{name}` is not on PATH; install it with: {sudo}apt-get update && {sudo}{install}              (on Debian or Ubuntu; elsewhere, your distribution's Redis 7+ package)"
+        );
+    }
+    let _one_at_a_time = APT.lock().unwrap_or_else(|e| e.into_inner());
+    if find_program(name).is_some() {
+        return;
+    }
+    // Straight to the terminal: the test harness captures print macros.
+    let _ = writeln!(
+        std::io::stderr(),
+        "lanekeeper tests: `{name}` is not installed; running `apt-get update && {install}` (root on a Debian-like system)"
+    );
+    let run = |args: &[&str]| {
+        let status = Command::new("apt-get")
+            .args(args)
+            .env("DEBIAN_FRONTEND", "noninteractive")
+            .stdout(Stdio::null())
+            .status()
+            .unwrap_or_else(|e| panic!("cannot run apt-get: {e}"));
+        assert!(
+            status.success(),
+            "apt-get {} failed ({status}); run `{install}` by hand",
+            args.join(" ")
+        );
+    };
+    run(&["update", "-qq"]);
+    let mut args = vec!["install", "-y", "-qq", "-o", "DPkg::Lock::Timeout=300"];
+    args.extend_from_slice(packages);
+    run(&args);
+    // The tests start their own servers on free ports; the distro's service is not needed.
+    let _ = Command::new("service")
+        .args(["redis-server", "stop"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status();
+}
+
+fn find_program(name: &str) -> Option<PathBuf> {
+    std::env::var_os("PATH").and_then(|paths| {
+        std::env::split_paths(&paths)
+            .map(|p| p.join(name))
+            .find(|p| p.is_file())
+    })
 }
 
 /// Send `signal` to a server this binary started (SIGKILL, SIGTERM).

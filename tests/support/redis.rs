@@ -15,6 +15,9 @@ pub struct TestRedis {
 
 static SHARED: OnceLock<TestRedis> = OnceLock::new();
 
+/// What Debian packages redis-server and redis-cli in (installed together).
+pub const REDIS_PACKAGES: &[&str] = &["redis-server", "redis-tools"];
+
 /// The Redis server of this test binary, started on first use. Tests isolate
 /// their keys by using a distinct ShardSet name or key prefix.
 pub fn shared() -> &'static TestRedis {
@@ -38,10 +41,7 @@ fn start() -> TestRedis {
 
 /// Start a redis-server on `port` (again, after `kill`).
 pub fn start_on(port: u16) -> TestRedis {
-    let server = process::require_program(
-        "redis-server",
-        "install it with `apt-get install redis-server` (the tests need a real Redis)",
-    );
+    let server = process::require_debian_program("redis-server", REDIS_PACKAGES);
     let dir = process::scratch_dir("redis");
     let log = dir.join("redis.log");
     let mut cmd = Command::new(server);
@@ -120,14 +120,8 @@ impl TestCluster {
     /// primary; returns once every node reports `cluster_state:ok` with all
     /// 16384 slots assigned and all six nodes known.
     pub fn start() -> TestCluster {
-        let server = process::require_program(
-            "redis-server",
-            "install it with `apt-get install redis-server` (the tests need a real Redis)",
-        );
-        let cli = process::require_program(
-            "redis-cli",
-            "install it with `apt-get install redis-tools` (redis-cli creates the test cluster)",
-        );
+        let server = process::require_debian_program("redis-server", REDIS_PACKAGES);
+        let cli = process::require_debian_program("redis-cli", REDIS_PACKAGES);
         let dir = process::scratch_dir("redis-cluster");
         let mut nodes = Vec::new();
         for i in 0..6 {

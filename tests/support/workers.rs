@@ -22,6 +22,17 @@ pub const LOCAL_ARGS: &[&str] = &[
 /// Start a worker process on `queue` of `set` (`<ns>/<name>`); extra flags
 /// are appended. Its log is in the Redis scratch directory.
 pub fn spawn(redis_url: &str, set: &str, queue: &str, extra: &[&str]) -> u32 {
+    spawn_env(redis_url, set, queue, extra, &[])
+}
+
+/// [`spawn`] with `env` added to the worker's environment.
+pub fn spawn_env(
+    redis_url: &str,
+    set: &str,
+    queue: &str,
+    extra: &[&str],
+    env: &[(&str, &str)],
+) -> u32 {
     static N: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
     let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     let dir = process::scratch_dir("worker");
@@ -31,6 +42,7 @@ pub fn spawn(redis_url: &str, set: &str, queue: &str, extra: &[&str]) -> u32 {
         .args(["--redis", redis_url, "--shard-set", set, "--queue", queue])
         .args(["--worker-id", &format!("test-worker-{n}")])
         .args(extra)
+        .envs(env.iter().copied())
         .env("RUST_LOG", "warn");
     process::spawn_server(cmd, &log)
 }
