@@ -1191,6 +1191,10 @@ impl Store {
                 }
             }
         }
+        // Each tenant's envelopes side by side (a stable sort: a tenant's
+        // order is kept), so a call carries few tenants: the script's work is
+        // per tenant as well as per envelope (state, claims, lane push).
+        valid.sort_by(|a, b| envs[a.0].tenant.cmp(&envs[b.0].tenant));
         let mut pipe = redis::pipe();
         for chunk in valid.chunks(ENQUEUE_CHUNK) {
             let cmd = pipe
