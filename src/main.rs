@@ -460,6 +460,7 @@ async fn top(target: RedisTarget, window: std::time::Duration, limit: usize) -> 
 async fn ingest(args: IngestArgs) -> anyhow::Result<()> {
     use anyhow::Context;
     let store = args.target.connect().await?;
+    lanekeeper::store::log_settings_at_start(&store, "ingest").await;
     let keys = lanekeeper::ingest::auth::Keys::load(&args.api_keys)?;
     if keys.current().is_empty() {
         tracing::warn!(path = %args.api_keys.display(), "the api keys file lists no keys: every request will get 401");
@@ -516,6 +517,7 @@ fn ingest_key(name: &str, tenant: Option<&str>, admin: bool) -> anyhow::Result<(
 
 async fn worker(args: WorkerArgs) -> anyhow::Result<()> {
     let store = args.target.connect().await?;
+    lanekeeper::store::log_settings_at_start(&store, "worker").await;
     let worker_id = args.worker_id.unwrap_or_else(|| {
         let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
         format!("{}:{}", host.trim(), std::process::id())

@@ -32,7 +32,7 @@ use tracing::{info, warn};
 use crate::crd::{DedicatedLane, RedisSpec, ShardSet, ShardSetStatus};
 use crate::routing::QueueId;
 use crate::scheduler::QueuePolicy;
-use crate::store::{ConnectOptions, SetId, Store};
+use crate::store::{ConnectOptions, RedisTls, SetId, Store};
 use build::{shard_deployments_upto, shard_of, shard_selector, BuildError, FIELD_MANAGER};
 
 /// What can go wrong in a reconcile.
@@ -51,7 +51,7 @@ pub struct Context {
     pub client: Client,
     reporter: Reporter,
     /// One Redis connection per (URL, set), reused across reconciles.
-    stores: Mutex<HashMap<(String, SetId), Store>>,
+    stores: Mutex<HashMap<(String, SetId, Option<RedisTls>), Store>>,
     /// Consecutive failures per object, for bounded exponential backoff.
     failures: Mutex<HashMap<ObjectRef<ShardSet>, u32>>,
     /// Lane indexes are handed out one at a time.
@@ -548,6 +548,7 @@ async fn sync_redis(
         .shards
         .get_or_create(&set_labels(set))
         .set(set.spec.shards as i64);
+    view.settings = store.redis_settings().await.map_err(|e| e.to_string());
     Ok(view)
 }
 
@@ -560,9 +561,9 @@ fn set_labels(set: &ShardSet) -> crate::telemetry::SetLabels {
 
 async fn store_for(set: &ShardSet, ctx: &Context) -> Result<Store, String> {
     let ns = set.namespace().unwrap_or_default();
-    let url = redis_url(&ctx.client, &ns, &set.spec.redis).await?;
+    let (url, tls) = redis_target(&ctx.client, &ns, &set.spec.redis).await?;
     let id = SetId::new(&ns, set.name_any());
-    let key = (url.clone(), id.clone());
+    let key = (url.clone(), id.clone(), tls.clone());
     if let Some(s) = ctx
         .stores
         .lock()
@@ -575,7 +576,7 @@ async fn store_for(set: &ShardSet, ctx: &Context) -> Result<Store, String> {
         connect_timeout: Duration::from_secs(3),
         response_timeout: Duration::from_secs(3),
     };
-    let store = Store::connect(&url, id, opts)
+    let store = Store::connect_tls(&url, id, opts, tls)
         .await
         .map_err(|e| format!("cannot reach Redis for {ns}/{}: {e}", set.name_any()))?;
     ctx.stores
@@ -585,21 +586,32 @@ async fn store_for(set: &ShardSet, ctx: &Context) -> Result<Store, String> {
     Ok(store)
 }
 
-/// The Redis URL of a set, resolving Secret references.
-async fn redis_url(client: &Client, ns: &str, spec: &RedisSpec) -> Result<String, String> {
+/// The Redis URL of a set (user name and password in it) and its TLS
+/// material, resolving Secret references.
+async fn redis_target(
+    client: &Client,
+    ns: &str,
+    spec: &RedisSpec,
+) -> Result<(String, Option<RedisTls>), String> {
     let secrets: Api<Secret> = Api::namespaced(client.clone(), ns);
-    let read = |name: String, key: String| {
+    let read_bytes = |name: String, key: String| {
         let secrets = secrets.clone();
         async move {
             let s = secrets
                 .get(&name)
                 .await
                 .map_err(|e| format!("reading Secret {ns}/{name}: {e}"))?;
-            let v = s
-                .data
+            s.data
                 .and_then(|d| d.get(&key).cloned())
-                .ok_or_else(|| format!("Secret {ns}/{name} has no key {key}"))?;
-            String::from_utf8(v.0).map_err(|_| format!("Secret {ns}/{name} key {key} is not UTF-8"))
+                .map(|v| v.0)
+                .ok_or_else(|| format!("Secret {ns}/{name} has no key {key}"))
+        }
+    };
+    let read = |name: String, key: String| {
+        let bytes = read_bytes(name.clone(), key.clone());
+        async move {
+            String::from_utf8(bytes.await?)
+                .map_err(|_| format!("Secret {ns}/{name} key {key} is not UTF-8"))
         }
     };
     let url = match (&spec.url, &spec.url_secret_ref) {
@@ -607,14 +619,33 @@ async fn redis_url(client: &Client, ns: &str, spec: &RedisSpec) -> Result<String
         (Some(u), None) => u.clone(),
         (None, None) => return Err("spec.redis has neither url nor urlSecretRef".to_string()),
     };
-    let url = crate::store::cluster_url(&url, spec.cluster);
-    match &spec.password_secret_ref {
-        Some(r) => {
-            let password = read(r.name.clone(), r.key.clone()).await?;
-            crate::store::with_password(&url, &password)
-        }
-        None => Ok(url),
+    let mut url = crate::store::cluster_url(&url, spec.cluster);
+    if let Some(user) = &spec.username {
+        url = crate::store::with_username(&url, user)?;
     }
+    if let Some(r) = &spec.password_secret_ref {
+        let password = read(r.name.clone(), r.key.clone()).await?;
+        url = crate::store::with_password(&url, &password)?;
+    }
+    let mut tls = RedisTls::default();
+    if let Some(t) = &spec.tls {
+        if let Some(r) = &t.ca_secret_ref {
+            tls.ca = Some(read_bytes(r.name.clone(), r.key.clone()).await?);
+        }
+        if let Some(r) = &t.client_cert_secret_ref {
+            let cert = read_bytes(r.name.clone(), "tls.crt".into()).await?;
+            let key = read_bytes(r.name.clone(), "tls.key".into()).await?;
+            tls.client = Some((cert, key));
+        }
+    }
+    let tls = (tls != RedisTls::default()).then_some(tls);
+    if tls.is_some() && !crate::store::is_tls_url(&url) {
+        return Err(format!(
+            "spec.redis.tls is set but the Redis URL {} is not rediss:// (or rediss+cluster://)",
+            crate::store::redact(&url)
+        ));
+    }
+    Ok((url, tls))
 }
 
 async fn write_status(

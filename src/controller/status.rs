@@ -5,13 +5,29 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 
 use crate::crd::{ShardSet, ShardSetStatus, TenantShare};
 use crate::routing::QueueId;
-use crate::store::TenantStats;
+use crate::store::{RedisSettings, TenantStats};
 
 /// What Redis said during this reconcile.
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Debug)]
 pub struct RedisView {
     /// Per shard, tenant attribution over the promotion window.
     pub queues: Vec<(QueueId, Vec<TenantStats>)>,
+    /// The server's (or every primary's) eviction and persistence settings,
+    /// or why they could not be read.
+    pub settings: Result<Vec<RedisSettings>, String>,
+    /// Redis lost the set's state (routing table gone) and this reconcile
+    /// restored it: what was restored.
+    pub restored: Option<String>,
+}
+
+impl Default for RedisView {
+    fn default() -> Self {
+        Self {
+            queues: Vec::new(),
+            settings: Ok(Vec::new()),
+            restored: None,
+        }
+    }
 }
 
 /// Tenants listed in `status.topTenants`.
@@ -26,7 +42,24 @@ pub(crate) fn condition(
     message: String,
     generation: Option<i64>,
 ) -> Condition {
-    let status = if status { "True" } else { "False" }.to_string();
+    condition_maybe(prev, type_, Some(status), reason, message, generation)
+}
+
+/// [`condition`] whose status may be `Unknown` (`None`).
+pub(crate) fn condition_maybe(
+    prev: &[Condition],
+    type_: &str,
+    status: Option<bool>,
+    reason: &str,
+    message: String,
+    generation: Option<i64>,
+) -> Condition {
+    let status = match status {
+        Some(true) => "True",
+        Some(false) => "False",
+        None => "Unknown",
+    }
+    .to_string();
     let last = prev
         .iter()
         .find(|c| c.type_ == type_ && c.status == status)
@@ -180,8 +213,20 @@ pub fn compute(
         .collect();
     let all_ready = ready == desired && deployments.len() as i32 == desired;
 
+    let eviction = redis.ok().and_then(|v| {
+        v.settings
+            .as_ref()
+            .ok()?
+            .iter()
+            .find_map(|s| s.eviction_problem())
+    });
     let (degraded, degraded_reason, degraded_message) = match (&redis, failures.first()) {
         (Err(e), _) => (true, "RedisUnavailable", (*e).clone()),
+        (Ok(_), _) if eviction.is_some() => (
+            true,
+            "RedisEvictionPolicy",
+            eviction.clone().unwrap_or_default(),
+        ),
         (Ok(_), Some(f)) => (true, "DeploymentFailed", f.clone()),
         (Ok(_), None) => (
             false,
@@ -277,6 +322,9 @@ pub fn compute(
         },
     ];
 
+    let mut conditions = conditions;
+    conditions.extend(redis_conditions(&prev.conditions, redis, generation));
+
     let (skew_ratio, top_tenants) = match redis {
         Ok(view) => attribution(view),
         // Keep the last figures while Redis is away.
@@ -298,6 +346,94 @@ pub fn compute(
         demotion_candidates: Vec::new(),
         resharding: reshard.progress.clone(),
     }
+}
+
+/// `RedisNotPersistent`, `RedisChecked` and `RedisStateLost`, from what
+/// Redis said; while Redis is unreachable, the last ones stand.
+fn redis_conditions(
+    prev: &[Condition],
+    redis: Result<&RedisView, &String>,
+    generation: Option<i64>,
+) -> Vec<Condition> {
+    const TYPES: [&str; 3] = ["RedisNotPersistent", "RedisChecked", "RedisStateLost"];
+    let view = match redis {
+        Ok(v) => v,
+        Err(_) => {
+            return prev
+                .iter()
+                .filter(|c| TYPES.contains(&c.type_.as_str()))
+                .cloned()
+                .collect()
+        }
+    };
+    let mut out = Vec::new();
+    match &view.settings {
+        Ok(all) if !all.is_empty() => {
+            let worst = crate::store::worst_settings(all).expect("not empty");
+            let (status, reason, message) = match worst.persistent() {
+                Some(false) => (
+                    Some(true),
+                    "NoPersistence",
+                    format!(
+                        "{}: a restart of Redis loses every queued envelope; turn on AOF (appendonly yes) or RDB snapshots (save), or accept the risk",
+                        worst.summary()
+                    ),
+                ),
+                Some(true) => (Some(false), "Persistent", worst.summary()),
+                None => (None, "PersistenceUnknown", worst.summary()),
+            };
+            out.push(condition_maybe(
+                prev,
+                "RedisNotPersistent",
+                status,
+                reason,
+                message,
+                generation,
+            ));
+            let refused = all.iter().find(|s| s.config_refused.is_some());
+            let summaries: Vec<String> = all.iter().map(|s| s.summary()).collect();
+            out.push(condition(
+                prev,
+                "RedisChecked",
+                refused.is_none(),
+                if refused.is_none() {
+                    "ConfigGet"
+                } else {
+                    "ConfigGetRefused"
+                },
+                summaries.join("; "),
+                generation,
+            ));
+        }
+        Ok(_) => {}
+        Err(e) => out.push(condition(
+            prev,
+            "RedisChecked",
+            false,
+            "ReadFailed",
+            format!("cannot read the Redis settings (CONFIG GET, INFO): {e}"),
+            generation,
+        )),
+    }
+    out.push(match &view.restored {
+        Some(what) => condition(
+            prev,
+            "RedisStateLost",
+            true,
+            "RoutingTableMissing",
+            what.clone(),
+            generation,
+        ),
+        None => condition(
+            prev,
+            "RedisStateLost",
+            false,
+            "StatePresent",
+            "the routing table and its epoch are in Redis".to_string(),
+            generation,
+        ),
+    });
+    out
 }
 
 /// Max over median of per-shard worker-seconds, and the tenants with the
@@ -362,7 +498,12 @@ pub fn transitions(before: &ShardSetStatus, after: &ShardSetStatus) -> Vec<Trans
         .filter(|c| {
             matches!(
                 c.type_.as_str(),
-                "Ready" | "Degraded" | "LaneCapReached" | "Resharding"
+                "Ready"
+                    | "Degraded"
+                    | "LaneCapReached"
+                    | "Resharding"
+                    | "RedisNotPersistent"
+                    | "RedisStateLost"
             )
         })
         .filter(|c| {
@@ -406,6 +547,7 @@ mod tests {
                 (QueueId::Shard(1), stats(&[("b", 20.0)])),
                 (QueueId::Shard(2), stats(&[("c", 25.0)])),
             ],
+            ..Default::default()
         };
         let (skew, top) = attribution(&view);
         // per shard 100, 20, 25: median 25, max 100

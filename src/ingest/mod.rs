@@ -108,6 +108,8 @@ struct Inner {
     config: Config,
     metrics: IngestMetrics,
     endpoints: Mutex<EndpointCache>,
+    /// When the Redis eviction policy was last read, and what was wrong with it.
+    eviction: Mutex<Option<(Instant, Option<String>)>>,
 }
 
 impl Ingest {
@@ -119,6 +121,7 @@ impl Ingest {
                 config,
                 metrics,
                 endpoints: Mutex::default(),
+                eviction: Mutex::default(),
             }),
         }
     }
@@ -1261,9 +1264,42 @@ pub fn router(ingest: Ingest) -> Router {
         .with_state(ingest)
 }
 
+/// How often `/readyz` reads the Redis eviction policy again.
+const EVICTION_CHECK: Duration = Duration::from_secs(10);
+
+/// Ready while Redis answers and keeps every key: under an evicting
+/// `maxmemory-policy` an accepted envelope (or its idempotency record) may
+/// be dropped, so this instance takes no traffic until the policy is fixed.
 async fn ready(State(ingest): State<Ingest>) -> Result<&'static str, ApiError> {
     ingest.redis(ingest.store().ping()).await?;
-    Ok("ok")
+    let cached = ingest
+        .inner
+        .eviction
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .clone()
+        .filter(|(at, _)| at.elapsed() < EVICTION_CHECK);
+    let problem = match cached {
+        Some((_, problem)) => problem,
+        None => {
+            // A Redis that cannot tell (neither CONFIG GET nor INFO) is not
+            // held against readiness: PING answered.
+            let problem = match ingest.redis(ingest.store().redis_settings()).await {
+                Ok(all) => all.iter().find_map(|s| s.eviction_problem()),
+                Err(_) => None,
+            };
+            *ingest
+                .inner
+                .eviction
+                .lock()
+                .unwrap_or_else(|e| e.into_inner()) = Some((Instant::now(), problem.clone()));
+            problem
+        }
+    };
+    match problem {
+        Some(p) => Err(ApiError::unavailable(format!("not ready: {p}"))),
+        None => Ok("ok"),
+    }
 }
 
 /// Count every API request by route template and status, and time it.

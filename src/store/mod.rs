@@ -24,7 +24,7 @@
 
 mod settings;
 
-pub use settings::{worst as worst_settings, RedisSettings};
+pub use settings::{log_at_start as log_settings_at_start, worst as worst_settings, RedisSettings};
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -577,7 +577,7 @@ fn cluster_builder(
 /// trust instead of the system roots, and a client certificate for a Redis
 /// that asks for one (`tls-auth-clients yes`). Both PEM. Without either,
 /// a `rediss://` URL verifies the server against the system roots.
-#[derive(Clone, Default, PartialEq, Eq)]
+#[derive(Clone, Default, PartialEq, Eq, Hash)]
 pub struct RedisTls {
     /// PEM certificates to trust (a Secret's `ca.crt`), instead of the system roots.
     pub ca: Option<Vec<u8>>,

@@ -122,6 +122,35 @@ pub fn worst(all: &[RedisSettings]) -> Option<&RedisSettings> {
         .or_else(|| all.first())
 }
 
+/// Read the settings once at start and log what they mean: a warning for
+/// an evicting policy or a Redis without persistence, a note when
+/// `CONFIG GET` is refused. Never fails: a Redis that cannot tell is logged.
+pub async fn log_at_start(store: &Store, component: &str) -> Vec<RedisSettings> {
+    match store.redis_settings().await {
+        Ok(all) => {
+            for s in &all {
+                if let Some(problem) = s.eviction_problem() {
+                    tracing::warn!(component, reason = "RedisEvictionPolicy", "{problem}");
+                }
+                match s.persistent() {
+                    Some(false) => tracing::warn!(
+                        component,
+                        reason = "RedisNotPersistent",
+                        "{}: a restart of Redis loses every queued envelope",
+                        s.summary()
+                    ),
+                    _ => tracing::info!(component, "{}", s.summary()),
+                }
+            }
+            all
+        }
+        Err(e) => {
+            tracing::warn!(component, error = %e, "cannot read the Redis settings (eviction policy, persistence)");
+            Vec::new()
+        }
+    }
+}
+
 fn text(v: &Value) -> String {
     super::string(v)
 }
