@@ -486,11 +486,22 @@ spec:
         &ns,
         &set(
             "bad",
-            r#"{url: "rediss://redis:6379", durability: Eventually, replicaAckTimeout: soon, username: "a b", passwordSecretRef: {name: pw, key: p}}"#,
+            r#"{url: "rediss://redis:6379", durability: Eventually}"#,
+        ),
+    );
+    assert!(
+        err.contains("spec.redis.durability") && err.contains("\"Fast\", \"Replicated\""),
+        "{err}"
+    );
+    let err = rejected(
+        cp,
+        &ns,
+        &set(
+            "bad",
+            r#"{url: "rediss://redis:6379", replicaAckTimeout: soon, username: "a b", passwordSecretRef: {name: pw, key: p}}"#,
         ),
     );
     for want in [
-        "spec.redis.durability",
         "redis.replicaAckTimeout must be a duration such as 1s or 500ms",
         "redis.username must be non-empty, without spaces",
     ] {

@@ -132,7 +132,7 @@ pub struct RedisSpec {
     /// password of `passwordSecretRef`. Without it, the password is the
     /// `default` user's. See the README for the minimal ACL lanekeeper needs.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[x_kube(validation = Rule::new("self.matches('^[^\\s]+$')").message("redis.username must be non-empty, without spaces"))]
+    #[x_kube(validation = Rule::new("self.size() > 0 && !self.contains(' ')").message("redis.username must be non-empty, without spaces"))]
     #[schemars(length(max = 128))]
     pub username: Option<String>,
 
