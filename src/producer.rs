@@ -50,6 +50,14 @@ impl Producer {
         // to the queue it left, as a reshard does until its move finishes).
         let mut redirect: BTreeMap<usize, QueueId> = BTreeMap::new();
         let mut table = self.routing.table().await?;
+        if !table.present() {
+            // Never route by an empty table (everyone would hash to shard 0,
+            // dedicated lanes forgotten): look again, then refuse.
+            table = self.routing.refresh().await?;
+            if !table.present() {
+                return Err(StoreError::RoutingMissing(self.store().set().clone()));
+            }
+        }
         let mut stale = false;
         for attempt in 0..=MAX_REDIRECTS {
             if pending.is_empty() {
@@ -62,6 +70,9 @@ impl Producer {
                     tokio::time::sleep(Duration::from_millis(5 << attempt)).await;
                 }
                 table = self.routing.refresh().await?;
+                if !table.present() {
+                    return Err(StoreError::RoutingMissing(self.store().set().clone()));
+                }
             }
             stale = false;
             let mut by_queue: BTreeMap<QueueId, Vec<usize>> = BTreeMap::new();
@@ -132,6 +143,10 @@ impl Producer {
 
     /// The routing table as cached (refreshed when older than its TTL).
     pub async fn route(&self, tenant: &str) -> Result<QueueId> {
-        Ok(self.routing.table().await?.route(tenant))
+        let table = self.routing.table().await?;
+        if !table.present() {
+            return Err(StoreError::RoutingMissing(self.store().set().clone()));
+        }
+        Ok(table.route(tenant))
     }
 }

@@ -5,6 +5,7 @@
 
 mod support;
 
+use std::str::FromStr;
 use std::time::{Duration, Instant};
 
 use lanekeeper::store::{SetId, Store};
@@ -401,4 +402,242 @@ fn config_renamed_away_is_said_in_status() {
     );
     assert!(msg.contains("appendonly no"), "{msg}");
     support::process::signal(pid, libc::SIGTERM);
+}
+
+/// One producer's record: (tenant, send time ms, where it went or the error).
+type Sends = Vec<(String, u64, Result<lanekeeper::routing::QueueId, String>)>;
+
+/// Producers of `tenants` sending one envelope every `every` each, through
+/// the library's producer (routing cache 200 ms, as ingest's), recording
+/// every answer instead of stopping at the first refusal.
+fn produce(
+    store: &Store,
+    tenants: &[String],
+    every: Duration,
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+) -> tokio::task::JoinHandle<Sends> {
+    let producer = lanekeeper::producer::Producer::new(store.clone(), Duration::from_millis(200));
+    let tenants = tenants.to_vec();
+    tokio::spawn(async move {
+        let mut out = Sends::new();
+        let mut seq = 0u64;
+        while !stop.load(std::sync::atomic::Ordering::SeqCst) {
+            for t in &tenants {
+                let env = support::scenario::envelope(t, seq);
+                let at = support::receiver::now_ms();
+                let r = producer
+                    .send(&env)
+                    .await
+                    .map(|(q, _)| q)
+                    .map_err(|e| e.to_string());
+                out.push((t.clone(), at, r));
+            }
+            seq += 1;
+            tokio::time::sleep(every).await;
+        }
+        out
+    })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_flushed_redis_is_restored_lane_pins_included_and_nothing_is_misrouted() {
+    use lanekeeper::crd::LanePhase;
+    use lanekeeper::routing::{hash_shard, QueueId};
+    let cp = cluster();
+    // A Redis of its own: this test flushes it.
+    let r = redis::dedicated_with(&[]);
+    let env = support::lanes::LaneEnv::start_on(
+        cp,
+        "flush",
+        2,
+        "  worker: {image: \"lanekeeper:test\", replicas: 1, concurrency: 8}\n  promotion: {enabled: false}\n  relocation: {drainTimeout: 30s}\n",
+        &[],
+        &["--concurrency", "8"],
+        false,
+        &r.url,
+    )
+    .await;
+    let whale = env.tenant_on("whale", 0);
+    let smalls = vec![env.tenant_on("small", 0), env.tenant_on("other", 1)];
+    for t in std::iter::once(&whale).chain(&smalls) {
+        env.endpoint(t, "ok").await;
+    }
+    env.create_lane("whale-lane", &whale);
+    let mut seen = Vec::new();
+    let active = env
+        .wait_phase(
+            "whale-lane",
+            LanePhase::Active,
+            Duration::from_secs(90),
+            &mut seen,
+        )
+        .await;
+    let lane = QueueId::Lane(active.status.as_ref().unwrap().lane_index.unwrap() as u8);
+    let before = env.store.routing().await.unwrap();
+    assert_eq!(before.pins.get(&whale), Some(&lane));
+    let epoch_before = before
+        .epoch
+        .clone()
+        .expect("the controller marks the table");
+    let expected = |t: &str| if t == whale { lane } else { hash_shard(t, 2) };
+
+    // Under load: every tenant sends every 20 ms.
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let mut all = smalls.clone();
+    all.push(whale.clone());
+    let producers = produce(&env.store, &all, Duration::from_millis(20), stop.clone());
+    tokio::time::sleep(Duration::from_secs(2)).await;
+
+    // Redis loses everything (as a restart without persistence does).
+    let t_flush = support::receiver::now_ms();
+    assert_eq!(redis::cli(&r, &["FLUSHALL"]).trim(), "OK");
+
+    // The controller notices and restores, lane pin first.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let restored = loop {
+        let t = env.store.routing().await.unwrap();
+        if t.epoch.is_some() {
+            break t;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the routing table was not restored:\n{}",
+            env.controller_log()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    let t_restored = support::receiver::now_ms();
+    assert_eq!(restored.shards, 2);
+    assert_eq!(restored.pins.get(&whale), Some(&lane), "{restored:?}");
+    assert_ne!(restored.epoch.as_deref(), Some(epoch_before.as_str()));
+    // The endpoints were in the flushed Redis too: the operator re-registers them.
+    for t in &all {
+        env.endpoint(t, "ok").await;
+    }
+    // Workers remember a missing endpoint for 5 s (their endpoint cache).
+    let t_endpoints = support::receiver::now_ms() + 5_500;
+    tokio::time::sleep(Duration::from_secs(8)).await;
+    stop.store(true, std::sync::atomic::Ordering::SeqCst);
+    let sends = producers.await.unwrap();
+
+    // No envelope went to a wrong queue, before, during or after the loss.
+    let misrouted: Vec<_> = sends
+        .iter()
+        .filter(|(t, _, r)| matches!(r, Ok(q) if *q != expected(t)))
+        .collect();
+    assert!(
+        misrouted.is_empty(),
+        "misrouted: {:?}",
+        &misrouted[..misrouted.len().min(5)]
+    );
+    // While the table was missing, producers were refused, saying why.
+    let refused: Vec<&String> = sends
+        .iter()
+        .filter_map(|(_, _, r)| r.as_ref().err())
+        .collect();
+    assert!(!refused.is_empty(), "no producer noticed the missing table");
+    assert!(
+        refused.iter().all(|e| e.contains("routing table missing")),
+        "{:?}",
+        &refused[..refused.len().min(3)]
+    );
+    let accepted_after = sends
+        .iter()
+        .filter(|(t, at, r)| *t == whale && *at > t_restored && r.is_ok())
+        .count();
+    assert!(
+        accepted_after > 50,
+        "the whale was not accepted after the restore ({accepted_after})"
+    );
+    // The whale's envelopes sent after its endpoint is back arrive, from its lane.
+    let want: std::collections::BTreeSet<String> = sends
+        .iter()
+        .filter(|(t, at, r)| *t == whale && *at > t_endpoints + 100 && r.is_ok())
+        .map(|(_, at, _)| at.to_string())
+        .collect();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let got = env
+            .receiver
+            .arrivals()
+            .iter()
+            .filter(|a| a.accepted && a.tenant == whale && a.sent_ms > t_endpoints + 100)
+            .count();
+        if got >= want.len() {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{got} of {} whale envelopes arrived after the restore",
+            want.len()
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let on_lane = env
+        .store
+        .tenant_stats(lane, Duration::from_secs(60))
+        .await
+        .unwrap();
+    assert!(
+        on_lane.iter().any(|s| s.tenant == whale && s.delivered > 0),
+        "nothing of the whale was delivered on {lane} after the restore"
+    );
+
+    // Status told the story: an Event with what was restored, the condition
+    // raised and then cleared, the lane still Active.
+    let notes = events(cp, &env.ns);
+    assert!(
+        notes.contains("RedisStateLost")
+            && notes.contains(&format!("{whale}→{lane}"))
+            && notes.contains("shard count (2)"),
+        "{notes}"
+    );
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let (s, reason, _) = condition(cp, &env.ns, &env.set, "RedisStateLost");
+        let obj = json(
+            cp,
+            &["get", "shardset", &env.set, "-n", &env.ns, "-o", "json"],
+        );
+        let since = obj["status"]["conditions"]
+            .as_array()
+            .unwrap_or_else(|| panic!("no conditions: {obj}"))
+            .iter()
+            .find(|c| c["type"] == "RedisStateLost")
+            .and_then(|c| c["lastTransitionTime"].as_str().map(str::to_string))
+            .unwrap_or_default();
+        let since_ms = k8s_openapi::jiff::Timestamp::from_str(&since)
+            .map(|t| t.as_millisecond() as u64)
+            .unwrap_or(0);
+        // Cleared after it was raised (the second flip is after the flush).
+        if s == "False" && reason == "StatePresent" && since_ms + 1000 >= t_flush {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "RedisStateLost is {s}/{reason} since {since}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let transitions = cp.kubectl_ok(&[
+        "get",
+        "events.events.k8s.io",
+        "-n",
+        &env.ns,
+        "-o",
+        "jsonpath={range .items[*]}{.note}{\"\\n\"}{end}",
+    ]);
+    assert!(transitions.contains("RedisStateLost=True"), "{transitions}");
+    assert!(
+        transitions.contains("RedisStateLost=False"),
+        "{transitions}"
+    );
+    let lane_now = env.lane_of(&whale).await.unwrap();
+    assert_eq!(lane_now.status.unwrap().phase, LanePhase::Active);
+    eprintln!(
+        "flush at {t_flush}, table restored {} ms later; {} sends refused with 503 meanwhile; {} whale envelopes on {lane} after",
+        t_restored - t_flush,
+        refused.len(),
+        accepted_after
+    );
 }

@@ -52,6 +52,8 @@ pub struct Context {
     reporter: Reporter,
     /// One Redis connection per (URL, set), reused across reconciles.
     stores: Mutex<HashMap<(String, SetId, Option<RedisTls>), Store>>,
+    /// Per set, the store its last reconcile used (what [`watch_routing`] checks).
+    current: Mutex<HashMap<SetId, Store>>,
     /// Consecutive failures per object, for bounded exponential backoff.
     failures: Mutex<HashMap<ObjectRef<ShardSet>, u32>>,
     /// Lane indexes are handed out one at a time.
@@ -67,6 +69,7 @@ impl Context {
             client,
             reporter: Reporter::from(FIELD_MANAGER),
             stores: Mutex::default(),
+            current: Mutex::default(),
             failures: Mutex::default(),
             admission: tokio::sync::Mutex::new(()),
             reshards: Mutex::default(),
@@ -147,7 +150,24 @@ pub async fn run(
             }
         })
     };
+    // A Redis that lost its state is noticed within seconds, not at the
+    // next periodic reconcile: one HEXISTS per set every two seconds.
+    let (lost_tx, lost_rx) = tokio::sync::mpsc::channel::<()>(1);
+    let lost_task = {
+        let ctx = ctx.clone();
+        let stop = stop.clone();
+        tokio::spawn(async move {
+            tokio::select! {
+                _ = watch_routing(ctx, lost_tx) => {}
+                _ = stop => {}
+            }
+        })
+    };
+    let lost_stream = futures::stream::unfold(lost_rx, |mut rx| async move {
+        rx.recv().await.map(|()| ((), rx))
+    });
     Controller::new(sets, watcher::Config::default().any_semantic())
+        .reconcile_all_on(lost_stream)
         .owns(
             deployments,
             watcher::Config::default().labels("app.kubernetes.io/managed-by=lanekeeper-controller"),
@@ -171,8 +191,33 @@ pub async fn run(
         .await;
     let _ = promotion_task.await;
     let _ = lanes_task.await;
+    let _ = lost_task.await;
     info!("controller stopped");
     Ok(())
+}
+
+/// How often the routing table of every set is checked for a Redis that lost its state.
+const ROUTING_WATCH: Duration = Duration::from_secs(2);
+
+/// Ask for a reconcile of every set when the routing table of one of the
+/// sets this controller has connected to is gone.
+async fn watch_routing(ctx: Arc<Context>, lost: tokio::sync::mpsc::Sender<()>) {
+    loop {
+        tokio::time::sleep(ROUTING_WATCH).await;
+        let stores: Vec<Store> = ctx
+            .current
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .values()
+            .cloned()
+            .collect();
+        for store in stores {
+            if let Ok(false) = store.routing_present().await {
+                let _ = lost.try_send(());
+                break;
+            }
+        }
+    }
 }
 
 async fn reconcile_guarded(
@@ -301,10 +346,43 @@ async fn reconcile_inner(set: &ShardSet, ctx: &Context) -> Result<Action, Error>
         memory.set.progress = set.status.as_ref().and_then(|s| s.resharding.clone());
     }
     let store = store_for(set, ctx).await;
-    let routing = match &store {
+    let mut routing = match &store {
         Ok(store) => store.routing().await.map_err(|e| e.to_string()),
         Err(e) => Err(e.clone()),
     };
+    // A table without the epoch mark: a new set, one from before the mark
+    // existed, or a Redis that lost its state. Rewrite what the controller
+    // knows (shard count, queue policies, lane pins) before anyone routes.
+    let mut restored = None;
+    let mut epoch = None;
+    if let (Ok(store), Ok(table)) = (&store, &routing) {
+        match restore_routing(set, store, table, &all_lanes, desired).await {
+            Ok((mark, lost)) => {
+                epoch = Some(mark);
+                if let Some(what) = lost {
+                    warn!(set = %name, "{what}");
+                    // Whatever the reshard had planned lived in that Redis.
+                    memory.set.progress = None;
+                    let recorder = Recorder::new(ctx.client.clone(), ctx.reporter.clone());
+                    let event = Event {
+                        type_: EventType::Warning,
+                        reason: "RedisStateLost".into(),
+                        note: Some(what.chars().take(1000).collect()),
+                        action: "Restore".into(),
+                        secondary: None,
+                    };
+                    if let Err(e) = recorder.publish(&event, &set.object_ref(&())).await {
+                        warn!(error = %e, "cannot record an event");
+                    }
+                    restored = Some(what);
+                }
+                if table.epoch.is_none() {
+                    routing = store.routing().await.map_err(|e| e.to_string());
+                }
+            }
+            Err(e) => warn!(set = %name, error = %e, "cannot restore the routing table; retrying"),
+        }
+    }
     if let (Ok(table), None) = (&routing, &memory.set.progress) {
         // Moves pinned but no record of them (status lost in a crash).
         let pinned = reshard::in_motion(table).len();
@@ -380,7 +458,11 @@ async fn reconcile_inner(set: &ShardSet, ctx: &Context) -> Result<Action, Error>
         }
     }
     drop(memory);
-    let redis = sync_redis(set, ctx, keep).await;
+    let mut redis = sync_redis(set, ctx, keep).await;
+    if let Ok(view) = &mut redis {
+        view.restored = restored;
+        view.epoch = epoch;
+    }
 
     let (admitted, waiting_for_cap) = lane::summary(&name, &all_lanes);
     let lanes = status::Lanes {
@@ -403,6 +485,68 @@ async fn reconcile_inner(set: &ShardSet, ctx: &Context) -> Result<Action, Error>
     } else {
         Action::requeue(Duration::from_secs(10))
     })
+}
+
+/// Give the set's routing table its epoch mark, first rewriting what the
+/// controller knows when the mark is missing: the queue policies of the
+/// shards and lanes, the pins of the lanes that serve their tenants (from
+/// the DedicatedLanes' recorded phases), then the shard count, then the
+/// mark. Pins go before the shard count, so a producer never routes by a
+/// table that forgot a lane (it sees no table until the count is back).
+/// Returns the mark and, when Redis had lost the set's state (the status
+/// knew a mark, or lanes were pinned and the table is empty), what was
+/// restored.
+async fn restore_routing(
+    set: &ShardSet,
+    store: &Store,
+    table: &crate::routing::RoutingTable,
+    lanes: &[DedicatedLane],
+    desired: u16,
+) -> Result<(String, Option<String>), crate::store::StoreError> {
+    if let Some(epoch) = &table.epoch {
+        return Ok((epoch.clone(), None));
+    }
+    let name = set.name_any();
+    let known = set.status.as_ref().and_then(|s| s.redis_epoch.clone());
+    let policy = QueuePolicy::from_spec(&set.spec);
+    let shards = if table.shards == 0 {
+        desired
+    } else {
+        table.shards
+    };
+    for n in 0..shards.max(desired) {
+        store.configure_queue(QueueId::Shard(n), &policy).await?;
+    }
+    let mut pins = Vec::new();
+    for lane in lanes.iter().filter(|l| l.spec.shard_set == name) {
+        if let Some(q) = lane.status.as_ref().and_then(lane::pinned_lane) {
+            store.configure_queue(q, &policy).await?;
+            if table.pins.get(&lane.spec.tenant) != Some(&q) {
+                store.pin(&lane.spec.tenant, q).await?;
+            }
+            pins.push(format!("{}→{q}", lane.spec.tenant));
+        }
+    }
+    if table.shards == 0 {
+        store.set_shards(desired).await?;
+    }
+    let mark = format!("{:016x}", rand::random::<u64>());
+    let held = store.mark_epoch(&mark).await?;
+    let lost = known.is_some() || (table.shards == 0 && !pins.is_empty());
+    let what = lost.then(|| {
+        format!(
+            "Redis lost this set's state: the routing table {} was gone{}. Restored: the shard count ({shards}), the queue policies of {} queues, and {}. Ingest answered 503 \"routing table missing\" and workers waited meanwhile. Envelopes queued before the loss, and the tenants' endpoints registered through ingest, were in that Redis too: re-register endpoints unless Redis restored them from persistence",
+            if known.is_some() { "and its epoch mark" } else { "" },
+            known.map(|k| format!(" (epoch {k}, now {held})")).unwrap_or_default(),
+            shards.max(desired) as usize + pins.len(),
+            if pins.is_empty() {
+                "no lane pins (no lane was serving a tenant)".to_string()
+            } else {
+                format!("the lane pins {}", pins.join(", "))
+            }
+        )
+    });
+    Ok((held, what))
 }
 
 /// Plan a shard-count change once the spec's shards are available, then
@@ -569,8 +713,13 @@ async fn store_for(set: &ShardSet, ctx: &Context) -> Result<Store, String> {
         .lock()
         .unwrap_or_else(|e| e.into_inner())
         .get(&key)
+        .cloned()
     {
-        return Ok(s.clone());
+        ctx.current
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(id, s.clone());
+        return Ok(s);
     }
     let opts = ConnectOptions {
         connect_timeout: Duration::from_secs(3),
@@ -583,6 +732,10 @@ async fn store_for(set: &ShardSet, ctx: &Context) -> Result<Store, String> {
         .lock()
         .unwrap_or_else(|e| e.into_inner())
         .insert(key, store.clone());
+    ctx.current
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .insert(store.set().clone(), store.clone());
     Ok(store)
 }
 

@@ -18,6 +18,8 @@ pub struct RedisView {
     /// Redis lost the set's state (routing table gone) and this reconcile
     /// restored it: what was restored.
     pub restored: Option<String>,
+    /// The epoch mark Redis holds (see `ShardSetStatus::redis_epoch`).
+    pub epoch: Option<String>,
 }
 
 impl Default for RedisView {
@@ -26,6 +28,7 @@ impl Default for RedisView {
             queues: Vec::new(),
             settings: Ok(Vec::new()),
             restored: None,
+            epoch: None,
         }
     }
 }
@@ -345,6 +348,10 @@ pub fn compute(
         promotion_candidates: Vec::new(),
         demotion_candidates: Vec::new(),
         resharding: reshard.progress.clone(),
+        redis_epoch: match redis {
+            Ok(view) => view.epoch.clone().or(prev.redis_epoch.clone()),
+            Err(_) => prev.redis_epoch.clone(),
+        },
     }
 }
 

@@ -739,6 +739,14 @@ pub struct ShardSetStatus {
     /// Progress of a shard-count change, while one runs.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub resharding: Option<ReshardProgress>,
+
+    /// The mark the controller wrote into Redis with the routing table. A
+    /// routing table without it means Redis lost the set's state (a restart
+    /// without persistence, a flush): the controller then rewrites routing,
+    /// queue policies and lane pins and reports `RedisStateLost`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 64))]
+    pub redis_epoch: Option<String>,
 }
 
 /// One tenant's share of its queue's capacity.

@@ -144,6 +144,7 @@ impl Ingest {
             Ok(Err(StoreError::InvalidEndpoint(e))) => {
                 Err(ApiError::field(StatusCode::BAD_REQUEST, e.field, e.reason))
             }
+            Ok(Err(e @ StoreError::RoutingMissing(_))) => Err(ApiError::unavailable(e.to_string())),
             Ok(Err(e)) => Err(ApiError::unavailable(format!("redis: {e}"))),
             Err(_) => Err(ApiError::unavailable(format!(
                 "redis did not answer within {:?}",
@@ -1070,6 +1071,11 @@ fn validate_endpoint_name(name: &str) -> Result<(), ApiError> {
 /// and its hash shard if that differs (after a move back, or a pin).
 async fn tenant_queues(ingest: &Ingest, tenant: &str) -> Result<Vec<QueueId>, ApiError> {
     let table = ingest.redis(ingest.store().routing()).await?;
+    if !table.present() {
+        return Err(ApiError::unavailable(
+            StoreError::RoutingMissing(ingest.store().set().clone()).to_string(),
+        ));
+    }
     let now = table.route(tenant);
     let shard = crate::routing::hash_shard(tenant, table.shards);
     Ok(if now == shard {

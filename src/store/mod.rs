@@ -88,6 +88,8 @@ pub enum StoreError {
     Invalid(#[from] InvalidEnvelope),
     #[error("invalid endpoint: {0}")]
     InvalidEndpoint(InvalidEndpoint),
+    #[error("routing table missing for {0}: Redis holds no shard count for this ShardSet (it lost its state, or the controller has not written it yet); retry shortly")]
+    RoutingMissing(SetId),
     #[error("unexpected reply from the {script} script: {detail}")]
     Protocol {
         script: &'static str,
@@ -861,6 +863,7 @@ impl Store {
                 "version" => {
                     table.version = v.parse().map_err(|_| bad(format!("version = {v:?}")))?
                 }
+                "epoch" => table.epoch = Some(v),
                 _ => {
                     if let Some(tenant) = k.strip_prefix("pin:") {
                         let q = v
@@ -883,6 +886,37 @@ impl Store {
             )
             .await?;
         Ok(int(&v))
+    }
+
+    /// Mark this Redis's state with `epoch` unless it is marked already;
+    /// returns the mark Redis holds. The controller writes it last when it
+    /// writes (or restores) a routing table, so a table without it is one
+    /// Redis lost.
+    pub async fn mark_epoch(&self, epoch: &str) -> Result<String> {
+        let mut conn = self.conn.clone();
+        let (_, held): (u8, String) = redis::pipe()
+            .atomic()
+            .cmd("HSETNX")
+            .arg(self.routing_key())
+            .arg("epoch")
+            .arg(epoch)
+            .cmd("HGET")
+            .arg(self.routing_key())
+            .arg("epoch")
+            .query_async(&mut conn)
+            .await?;
+        Ok(held)
+    }
+
+    /// Is the routing table there (a shard count written)? One HEXISTS,
+    /// cheap enough to poll.
+    pub async fn routing_present(&self) -> Result<bool> {
+        let mut conn = self.conn.clone();
+        Ok(redis::cmd("HEXISTS")
+            .arg(self.routing_key())
+            .arg("shards")
+            .query_async(&mut conn)
+            .await?)
     }
 
     /// Is Redis answering?
