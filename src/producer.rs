@@ -101,6 +101,10 @@ impl Producer {
                         table.version.max(1),
                     )
                     .await?;
+                let outcomes = match table.replicated {
+                    Some(timeout) => self.replicated(q, outcomes, timeout).await,
+                    None => outcomes,
+                };
                 for (i, outcome) in idx.into_iter().zip(outcomes) {
                     match outcome {
                         Ok(EnqueueOutcome::Moved(to)) => {
@@ -134,6 +138,48 @@ impl Producer {
                 })
             })
             .collect())
+    }
+
+    /// `Replicated` durability: once `q` stored some of `outcomes`, wait
+    /// until a replica has them too (`WAIT 1`); if none acknowledges within
+    /// `timeout`, every stored one becomes [`StoreError::NotReplicated`]
+    /// (ingest answers 503; a retry with the same id is stored once).
+    async fn replicated(
+        &self,
+        q: QueueId,
+        outcomes: Vec<Result<EnqueueOutcome>>,
+        timeout: Duration,
+    ) -> Vec<Result<EnqueueOutcome>> {
+        let stored = |o: &Result<EnqueueOutcome>| {
+            matches!(
+                o,
+                Ok(EnqueueOutcome::Queued { .. }
+                    | EnqueueOutcome::Held { .. }
+                    | EnqueueOutcome::Duplicate)
+            )
+        };
+        if !outcomes.iter().any(stored) {
+            return outcomes;
+        }
+        let failure = match self.store().wait_replicas(q, 1, timeout).await {
+            Ok(n) if n >= 1 => return outcomes,
+            Ok(acked) => Ok(acked),
+            Err(e) => Err(format!("WAIT for a replica failed: {e}")),
+        };
+        outcomes
+            .into_iter()
+            .map(|o| match (&failure, stored(&o)) {
+                (_, false) => o,
+                (Ok(acked), true) => Err(StoreError::NotReplicated {
+                    acked: *acked,
+                    timeout,
+                }),
+                (Err(detail), true) => Err(StoreError::Protocol {
+                    script: "wait",
+                    detail: detail.clone(),
+                }),
+            })
+            .collect()
     }
 
     /// The store this producer enqueues into.

@@ -105,6 +105,9 @@ pub struct RoutingTable {
     /// gone when Redis lost its state (see `docs/architecture.md`, "A Redis
     /// that lost its state").
     pub epoch: Option<String>,
+    /// `spec.redis.durability: Replicated`: an enqueue counts once a replica
+    /// holds it, waited for up to this long (`WAIT 1 <ms>`). `None`: `Fast`.
+    pub replicated: Option<Duration>,
 }
 
 impl RoutingTable {

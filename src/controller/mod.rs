@@ -383,6 +383,15 @@ async fn reconcile_inner(set: &ShardSet, ctx: &Context) -> Result<Action, Error>
             Err(e) => warn!(set = %name, error = %e, "cannot restore the routing table; retrying"),
         }
     }
+    // What ingest's 202 means: producers read it with the routing table.
+    if let (Ok(store), Ok(table)) = (&store, &routing) {
+        let wanted = replicated(set);
+        if table.replicated != wanted {
+            if let Err(e) = store.set_durability(wanted).await {
+                warn!(set = %name, error = %e, "cannot write the durability setting; retrying");
+            }
+        }
+    }
     if let (Ok(table), None) = (&routing, &memory.set.progress) {
         // Moves pinned but no record of them (status lost in a crash).
         let pinned = reshard::in_motion(table).len();
@@ -487,6 +496,14 @@ async fn reconcile_inner(set: &ShardSet, ctx: &Context) -> Result<Action, Error>
     })
 }
 
+/// `spec.redis.durability` as producers read it: the replica wait of `Replicated`.
+fn replicated(set: &ShardSet) -> Option<Duration> {
+    match set.spec.redis.durability {
+        crate::crd::Durability::Fast => None,
+        crate::crd::Durability::Replicated => Some(set.spec.redis.replica_ack_timeout.into()),
+    }
+}
+
 /// Give the set's routing table its epoch mark, first rewriting what the
 /// controller knows when the mark is missing: the queue policies of the
 /// shards and lanes, the pins of the lanes that serve their tenants (from
@@ -527,6 +544,7 @@ async fn restore_routing(
             pins.push(format!("{}→{q}", lane.spec.tenant));
         }
     }
+    store.set_durability(replicated(set)).await?;
     if table.shards == 0 {
         store.set_shards(desired).await?;
     }

@@ -88,6 +88,8 @@ pub enum StoreError {
     Invalid(#[from] InvalidEnvelope),
     #[error("invalid endpoint: {0}")]
     InvalidEndpoint(InvalidEndpoint),
+    #[error("stored on the Redis primary, but {acked} replicas acknowledged it within {timeout:?} (durability Replicated needs 1): it may be lost if the primary fails now; retry with the same id (a duplicate is stored once)")]
+    NotReplicated { acked: u32, timeout: Duration },
     #[error("routing table missing for {0}: Redis holds no shard count for this ShardSet (it lost its state, or the controller has not written it yet); retry shortly")]
     RoutingMissing(SetId),
     #[error("unexpected reply from the {script} script: {detail}")]
@@ -864,6 +866,10 @@ impl Store {
                     table.version = v.parse().map_err(|_| bad(format!("version = {v:?}")))?
                 }
                 "epoch" => table.epoch = Some(v),
+                "replicated" => {
+                    let ms: u64 = v.parse().map_err(|_| bad(format!("replicated = {v:?}")))?;
+                    table.replicated = (ms > 0).then(|| Duration::from_millis(ms));
+                }
                 _ => {
                     if let Some(tenant) = k.strip_prefix("pin:") {
                         let q = v
@@ -906,6 +912,46 @@ impl Store {
             .query_async(&mut conn)
             .await?;
         Ok(held)
+    }
+
+    /// Write the set's durability into its routing table, where producers
+    /// read it: `Some(timeout)` for `Replicated` (wait up to `timeout` for a
+    /// replica), `None` for `Fast`. Not a routing change: the version stays.
+    pub async fn set_durability(&self, replicated: Option<Duration>) -> Result<()> {
+        let ms = replicated.map(|d| d.as_millis().max(1) as u64).unwrap_or(0);
+        let mut conn = self.conn.clone();
+        redis::cmd("HSET")
+            .arg(self.routing_key())
+            .arg("replicated")
+            .arg(ms)
+            .query_async::<()>(&mut conn)
+            .await?;
+        Ok(())
+    }
+
+    /// `WAIT replicas timeout` on the connection that carried this store's
+    /// writes to `q` (on a cluster, the primary owning `q`'s slot): how many
+    /// replicas acknowledged every write sent on it so far. An enqueue
+    /// always writes (its sequence counter), so a duplicate's answer also
+    /// covers the first copy.
+    pub async fn wait_replicas(&self, q: QueueId, replicas: u32, timeout: Duration) -> Result<u32> {
+        let mut cmd = redis::cmd("WAIT");
+        cmd.arg(replicas).arg(timeout.as_millis().max(1) as u64);
+        let acked: u64 = match &self.conn {
+            Conn::Cluster(c) => {
+                use redis::cluster_routing::{Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr};
+                let route = RoutingInfo::SingleNode(SingleNodeRoutingInfo::SpecificNode(
+                    Route::with_key(self.queue_prefix(q), SlotAddr::Master),
+                ));
+                let v = c.clone().route_command(cmd, route).await?;
+                int(&v)
+            }
+            Conn::Single(_) => {
+                let mut conn = self.conn.clone();
+                cmd.query_async(&mut conn).await?
+            }
+        };
+        Ok(acked as u32)
     }
 
     /// Is the routing table there (a shard count written)? One HEXISTS,
