@@ -296,6 +296,12 @@ pub async fn kill_primary_under_ingest(replicated: bool, stall: Duration) -> Kil
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigkill_of_the_primary_loses_no_acknowledged_envelope_when_replicated() {
+    // For the record: a healthy replica on loopback, no stall.
+    let calm = kill_primary_under_ingest(false, Duration::ZERO).await;
+    eprintln!(
+        "primary SIGKILLed with a healthy replica (no stall), Fast: {} acknowledged, {} lost, {} delivered",
+        calm.acknowledged, calm.lost, calm.delivered
+    );
     let stall = Duration::from_secs(3);
     let fast = kill_primary_under_ingest(false, stall).await;
     let replicated = kill_primary_under_ingest(true, stall).await;
