@@ -95,7 +95,8 @@ fn main() {
     let primary = support::redis::dedicated_with(&[]);
     let port = primary.port.to_string();
     let replica = support::redis::dedicated_with(&["--replicaof", "127.0.0.1", &port]);
-    while !support::redis::cli(&replica, &["INFO", "replication"]).contains("master_link_status:up") {
+    while !support::redis::cli(&replica, &["INFO", "replication"]).contains("master_link_status:up")
+    {
         std::thread::sleep(Duration::from_millis(50));
     }
     rt.block_on(async {

@@ -83,6 +83,11 @@ impl Producer {
                     .unwrap_or_else(|| table.route(&envs[i].tenant));
                 by_queue.entry(q).or_default().push(i);
             }
+            // Replicated: enqueue on the durable connection, where the WAIT goes.
+            let store = match table.replicated {
+                Some(_) => self.routing.store().durable().await?,
+                None => self.routing.store().clone(),
+            };
             for (q, idx) in by_queue {
                 // All of them, in order, to one queue (the usual case): no copies.
                 let whole = idx.len() == envs.len() && idx.iter().enumerate().all(|(k, &i)| k == i);
@@ -91,9 +96,7 @@ impl Producer {
                 } else {
                     idx.iter().map(|&i| envs[i].clone()).collect()
                 };
-                let outcomes = self
-                    .routing
-                    .store()
+                let outcomes = store
                     .enqueue_batch_routed(
                         q,
                         if whole { envs } else { &batch },
@@ -102,7 +105,7 @@ impl Producer {
                     )
                     .await?;
                 let outcomes = match table.replicated {
-                    Some(timeout) => self.replicated(q, outcomes, timeout).await,
+                    Some(timeout) => replicated(&store, q, outcomes, timeout).await,
                     None => outcomes,
                 };
                 for (i, outcome) in idx.into_iter().zip(outcomes) {
@@ -140,48 +143,6 @@ impl Producer {
             .collect())
     }
 
-    /// `Replicated` durability: once `q` stored some of `outcomes`, wait
-    /// until a replica has them too (`WAIT 1`); if none acknowledges within
-    /// `timeout`, every stored one becomes [`StoreError::NotReplicated`]
-    /// (ingest answers 503; a retry with the same id is stored once).
-    async fn replicated(
-        &self,
-        q: QueueId,
-        outcomes: Vec<Result<EnqueueOutcome>>,
-        timeout: Duration,
-    ) -> Vec<Result<EnqueueOutcome>> {
-        let stored = |o: &Result<EnqueueOutcome>| {
-            matches!(
-                o,
-                Ok(EnqueueOutcome::Queued { .. }
-                    | EnqueueOutcome::Held { .. }
-                    | EnqueueOutcome::Duplicate)
-            )
-        };
-        if !outcomes.iter().any(stored) {
-            return outcomes;
-        }
-        let failure = match self.store().wait_replicas(q, 1, timeout).await {
-            Ok(n) if n >= 1 => return outcomes,
-            Ok(acked) => Ok(acked),
-            Err(e) => Err(format!("WAIT for a replica failed: {e}")),
-        };
-        outcomes
-            .into_iter()
-            .map(|o| match (&failure, stored(&o)) {
-                (_, false) => o,
-                (Ok(acked), true) => Err(StoreError::NotReplicated {
-                    acked: *acked,
-                    timeout,
-                }),
-                (Err(detail), true) => Err(StoreError::Protocol {
-                    script: "wait",
-                    detail: detail.clone(),
-                }),
-            })
-            .collect()
-    }
-
     /// The store this producer enqueues into.
     pub fn store(&self) -> &Store {
         self.routing.store()
@@ -195,4 +156,47 @@ impl Producer {
         }
         Ok(table.route(tenant))
     }
+}
+
+/// `Replicated` durability: once `q` stored some of `outcomes` (through
+/// `store`, a durable store), wait until a replica has them too (`WAIT 1`);
+/// if none acknowledges within `timeout`, every stored one becomes
+/// [`StoreError::NotReplicated`] (ingest answers 503; a retry with the same
+/// id is stored once).
+async fn replicated(
+    store: &Store,
+    q: QueueId,
+    outcomes: Vec<Result<EnqueueOutcome>>,
+    timeout: Duration,
+) -> Vec<Result<EnqueueOutcome>> {
+    let stored = |o: &Result<EnqueueOutcome>| {
+        matches!(
+            o,
+            Ok(EnqueueOutcome::Queued { .. }
+                | EnqueueOutcome::Held { .. }
+                | EnqueueOutcome::Duplicate)
+        )
+    };
+    if !outcomes.iter().any(stored) {
+        return outcomes;
+    }
+    let failure = match store.wait_replicas(q, 1, timeout).await {
+        Ok(n) if n >= 1 => return outcomes,
+        Ok(acked) => Ok(acked),
+        Err(e) => Err(format!("WAIT for a replica failed: {e}")),
+    };
+    outcomes
+        .into_iter()
+        .map(|o| match (&failure, stored(&o)) {
+            (_, false) => o,
+            (Ok(acked), true) => Err(StoreError::NotReplicated {
+                acked: *acked,
+                timeout,
+            }),
+            (Err(detail), true) => Err(StoreError::Protocol {
+                script: "wait",
+                detail: detail.clone(),
+            }),
+        })
+        .collect()
 }

@@ -475,13 +475,21 @@ fn chart_is_least_privilege_hardened_and_elects_a_leader_with_replicas() {
             .map(|e| e["value"].as_str().unwrap_or("").to_string())
             .unwrap_or_default()
     };
-    assert_eq!(val("LANEKEEPER_REDIS_CA_FILE"), "/etc/lanekeeper/redis-tls/ca/ca.crt");
-    assert_eq!(val("LANEKEEPER_REDIS_CLIENT_KEY_FILE"), "/etc/lanekeeper/redis-tls/client/tls.key");
+    assert_eq!(
+        val("LANEKEEPER_REDIS_CA_FILE"),
+        "/etc/lanekeeper/redis-tls/ca/ca.crt"
+    );
+    assert_eq!(
+        val("LANEKEEPER_REDIS_CLIENT_KEY_FILE"),
+        "/etc/lanekeeper/redis-tls/client/tls.key"
+    );
     let vols = ipod["volumes"].as_sequence().unwrap();
     assert!(vols.iter().any(|v| v["secret"]["secretName"] == "redis-ca"
         && v["secret"]["items"][0]["key"] == "ca.crt"
         && v["secret"]["items"][0]["path"] == "ca.crt"));
-    assert!(vols.iter().any(|v| v["secret"]["secretName"] == "redis-client"));
+    assert!(vols
+        .iter()
+        .any(|v| v["secret"]["secretName"] == "redis-client"));
     for (kind, name) in [
         ("NetworkPolicy", "lk-lanekeeper-controller"),
         ("NetworkPolicy", "lk-lanekeeper-ingest"),

@@ -223,8 +223,10 @@ pub async fn kill_primary_under_ingest(replicated: bool, stall: Duration) -> Kil
         }));
     }
     tokio::time::sleep(Duration::from_millis(1500)).await;
-    support::process::signal(replica.pid, libc::SIGSTOP);
-    tokio::time::sleep(stall).await;
+    if !stall.is_zero() {
+        support::process::signal(replica.pid, libc::SIGSTOP);
+        tokio::time::sleep(stall).await;
+    }
     redis::kill(&primary);
     // What was acknowledged before the primary died is what counts.
     let acknowledged: BTreeSet<String> = acked.lock().unwrap().clone();
@@ -234,7 +236,9 @@ pub async fn kill_primary_under_ingest(replicated: bool, stall: Duration) -> Kil
         let _ = p.await;
     }
     support::process::signal(ingest.pid, libc::SIGKILL);
-    support::process::signal(replica.pid, libc::SIGCONT);
+    if !stall.is_zero() {
+        support::process::signal(replica.pid, libc::SIGCONT);
+    }
     // The replica reads what reached its socket, sees the link drop, and is
     // promoted (what Sentinel or a managed failover does).
     let deadline = Instant::now() + Duration::from_secs(20);

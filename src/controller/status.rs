@@ -565,6 +565,116 @@ mod tests {
         assert_eq!((whale.queue.as_str(), whale.share), ("shard-00", 0.9));
     }
 
+    fn a_set() -> ShardSet {
+        serde_yaml::from_str(
+            "apiVersion: lanekeeper.io/v1alpha1\nkind: ShardSet\nmetadata: {name: s, namespace: n}\nspec: {shards: 1, redis: {url: \"redis://r\"}, worker: {image: i}}\n",
+        )
+        .unwrap()
+    }
+
+    fn cond<'a>(st: &'a ShardSetStatus, t: &str) -> &'a Condition {
+        st.conditions.iter().find(|c| c.type_ == t).unwrap()
+    }
+
+    #[test]
+    fn redis_settings_become_conditions() {
+        let set = a_set();
+        let evicting = RedisSettings {
+            via_config: true,
+            maxmemory_policy: Some("allkeys-lru".into()),
+            appendonly: Some(false),
+            save: Some(String::new()),
+            ..Default::default()
+        };
+        let view = RedisView {
+            settings: Ok(vec![evicting]),
+            ..Default::default()
+        };
+        let st = compute(
+            &set,
+            &[],
+            Lanes::default(),
+            Ok(&view),
+            &ReshardView::default(),
+        );
+        let d = cond(&st, "Degraded");
+        assert_eq!(
+            (d.status.as_str(), d.reason.as_str()),
+            ("True", "RedisEvictionPolicy")
+        );
+        assert!(
+            d.message.contains("maxmemory-policy allkeys-lru"),
+            "{}",
+            d.message
+        );
+        let p = cond(&st, "RedisNotPersistent");
+        assert_eq!(
+            (p.status.as_str(), p.reason.as_str()),
+            ("True", "NoPersistence")
+        );
+        assert_eq!(cond(&st, "RedisChecked").status, "True");
+        assert_eq!(cond(&st, "RedisStateLost").status, "False");
+
+        // From INFO only: persistence unknown, and said.
+        let info = RedisSettings {
+            maxmemory_policy: Some("noeviction".into()),
+            appendonly: Some(false),
+            config_refused: Some("ERR unknown command 'CONFIG'".into()),
+            ..Default::default()
+        };
+        let view = RedisView {
+            settings: Ok(vec![info]),
+            restored: Some("restored the lane pins acme→lane-1".into()),
+            epoch: Some("e2".into()),
+            ..Default::default()
+        };
+        let st = compute(
+            &set,
+            &[],
+            Lanes::default(),
+            Ok(&view),
+            &ReshardView::default(),
+        );
+        assert_eq!(cond(&st, "Degraded").reason, "AsExpected");
+        assert_eq!(cond(&st, "RedisNotPersistent").status, "Unknown");
+        let c = cond(&st, "RedisChecked");
+        assert_eq!(
+            (c.status.as_str(), c.reason.as_str()),
+            ("False", "ConfigGetRefused")
+        );
+        let l = cond(&st, "RedisStateLost");
+        assert_eq!(
+            (l.status.as_str(), l.message.as_str()),
+            ("True", "restored the lane pins acme→lane-1")
+        );
+        assert_eq!(st.redis_epoch.as_deref(), Some("e2"));
+        // Both warnings are Events when they turn on.
+        let reasons: Vec<String> = transitions(&ShardSetStatus::default(), &st)
+            .into_iter()
+            .filter(|t| t.warning)
+            .map(|t| t.type_)
+            .collect();
+        assert!(
+            reasons.contains(&"RedisStateLost".to_string()),
+            "{reasons:?}"
+        );
+
+        // Redis unreachable: the last Redis conditions and epoch stand.
+        let mut with_prev = set.clone();
+        with_prev.status = Some(st.clone());
+        let err = "down".to_string();
+        let st2 = compute(
+            &with_prev,
+            &[],
+            Lanes::default(),
+            Err(&err),
+            &ReshardView::default(),
+        );
+        assert_eq!(cond(&st2, "RedisNotPersistent").status, "Unknown");
+        assert_eq!(st2.redis_epoch.as_deref(), Some("e2"));
+        assert_eq!(cond(&st2, "Degraded").reason, "RedisUnavailable");
+    }
+
     #[test]
     fn last_transition_time_moves_only_on_a_flip() {
         let t0 = Time(k8s_openapi::jiff::Timestamp::from_second(1_000).unwrap());

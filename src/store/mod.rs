@@ -22,6 +22,7 @@
 //! it against half-moved keys, and the client retries until the migration
 //! of the slot is done (see `docs/architecture.md`, "Redis Cluster").
 
+mod durable;
 mod settings;
 
 pub use settings::{log_at_start as log_settings_at_start, worst as worst_settings, RedisSettings};
@@ -722,6 +723,9 @@ pub struct Store {
     conn: Conn,
     lib: &'static Library,
     set: SetId,
+    /// The connection of `Replicated` enqueues and their `WAIT`s, opened on
+    /// first use (see [`durable`]).
+    durable: std::sync::Arc<durable::Durable>,
 }
 
 /// Connection tuning.
@@ -778,10 +782,11 @@ impl Store {
             let client = cluster_builder(&nodes, &opts, tls.as_ref()).build()?;
             let conn = client.get_async_connection().await?;
             return Ok(Self {
-                pubsub: PubSubSource::Cluster(nodes, opts, tls),
+                pubsub: PubSubSource::Cluster(nodes, opts.clone(), tls),
                 conn: Conn::Cluster(conn),
                 lib: &CLUSTER_LIBRARY,
                 set,
+                durable: durable::Durable::new(opts),
             });
         }
         let client = match tls.as_ref().and_then(RedisTls::certificates) {
@@ -798,6 +803,7 @@ impl Store {
             conn: Conn::Single(conn),
             lib: &LIBRARY,
             set,
+            durable: durable::Durable::new(opts),
         })
     }
 
@@ -927,31 +933,6 @@ impl Store {
             .query_async::<()>(&mut conn)
             .await?;
         Ok(())
-    }
-
-    /// `WAIT replicas timeout` on the connection that carried this store's
-    /// writes to `q` (on a cluster, the primary owning `q`'s slot): how many
-    /// replicas acknowledged every write sent on it so far. An enqueue
-    /// always writes (its sequence counter), so a duplicate's answer also
-    /// covers the first copy.
-    pub async fn wait_replicas(&self, q: QueueId, replicas: u32, timeout: Duration) -> Result<u32> {
-        let mut cmd = redis::cmd("WAIT");
-        cmd.arg(replicas).arg(timeout.as_millis().max(1) as u64);
-        let acked: u64 = match &self.conn {
-            Conn::Cluster(c) => {
-                use redis::cluster_routing::{Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr};
-                let route = RoutingInfo::SingleNode(SingleNodeRoutingInfo::SpecificNode(
-                    Route::with_key(self.queue_prefix(q), SlotAddr::Master),
-                ));
-                let v = c.clone().route_command(cmd, route).await?;
-                int(&v)
-            }
-            Conn::Single(_) => {
-                let mut conn = self.conn.clone();
-                cmd.query_async(&mut conn).await?
-            }
-        };
-        Ok(acked as u32)
     }
 
     /// Is the routing table there (a shard count written)? One HEXISTS,
