@@ -287,6 +287,31 @@ struct RedisTarget {
     /// Password for the Redis URL (a ShardSet's `spec.redis.passwordSecretRef`).
     #[arg(long, env = "LANEKEEPER_REDIS_PASSWORD", hide_env_values = true)]
     redis_password: Option<String>,
+    /// ACL user name for the Redis URL (a ShardSet's `spec.redis.username`);
+    /// needs a password.
+    #[arg(long, env = "LANEKEEPER_REDIS_USERNAME", requires = "redis_password")]
+    redis_username: Option<String>,
+    /// PEM CA bundle to verify a `rediss://` server with, instead of the
+    /// system roots (a ShardSet's `spec.redis.tls.caSecretRef`).
+    #[arg(long, env = "LANEKEEPER_REDIS_CA_FILE", value_name = "PEM")]
+    redis_ca_file: Option<PathBuf>,
+    /// PEM client certificate for a Redis that asks for one
+    /// (`tls-auth-clients`); with --redis-client-key-file.
+    #[arg(
+        long,
+        env = "LANEKEEPER_REDIS_CLIENT_CERT_FILE",
+        value_name = "PEM",
+        requires = "redis_client_key_file"
+    )]
+    redis_client_cert_file: Option<PathBuf>,
+    /// PEM private key of --redis-client-cert-file.
+    #[arg(
+        long,
+        env = "LANEKEEPER_REDIS_CLIENT_KEY_FILE",
+        value_name = "PEM",
+        requires = "redis_client_cert_file"
+    )]
+    redis_client_key_file: Option<PathBuf>,
 }
 
 impl RedisTarget {
@@ -301,11 +326,20 @@ impl RedisTarget {
             .clone()
             .context("--shard-set <namespace>/<name> is required")?;
         let mut url = lanekeeper::store::cluster_url(url, self.redis_cluster);
+        if let Some(user) = &self.redis_username {
+            url = lanekeeper::store::with_username(&url, user).map_err(anyhow::Error::msg)?;
+        }
         if let Some(password) = &self.redis_password {
             url = lanekeeper::store::with_password(&url, password).map_err(anyhow::Error::msg)?;
         }
+        let tls = lanekeeper::store::RedisTls::from_files(
+            self.redis_ca_file.as_deref(),
+            self.redis_client_cert_file.as_deref(),
+            self.redis_client_key_file.as_deref(),
+        )
+        .map_err(anyhow::Error::msg)?;
         let shown = lanekeeper::store::redact(&url);
-        lanekeeper::store::Store::connect(&url, set, Default::default())
+        lanekeeper::store::Store::connect_tls(&url, set, Default::default(), tls)
             .await
             .with_context(|| format!("connecting to {shown}"))
     }
@@ -465,6 +499,7 @@ async fn top(target: RedisTarget, window: std::time::Duration, limit: usize) -> 
 async fn ingest(args: IngestArgs) -> anyhow::Result<()> {
     use anyhow::Context;
     let store = args.target.connect().await?;
+    lanekeeper::store::log_settings_at_start(&store, "ingest").await;
     let keys = lanekeeper::ingest::auth::Keys::load(&args.api_keys)?;
     if keys.current().is_empty() {
         tracing::warn!(path = %args.api_keys.display(), "the api keys file lists no keys: every request will get 401");
@@ -529,6 +564,7 @@ fn ingest_key(name: &str, tenant: Option<&str>, admin: bool) -> anyhow::Result<(
 
 async fn worker(args: WorkerArgs) -> anyhow::Result<()> {
     let store = args.target.connect().await?;
+    lanekeeper::store::log_settings_at_start(&store, "worker").await;
     let worker_id = args.worker_id.unwrap_or_else(|| {
         let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
         format!("{}:{}", host.trim(), std::process::id())

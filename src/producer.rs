@@ -50,6 +50,14 @@ impl Producer {
         // to the queue it left, as a reshard does until its move finishes).
         let mut redirect: BTreeMap<usize, QueueId> = BTreeMap::new();
         let mut table = self.routing.table().await?;
+        if !table.present() {
+            // Never route by an empty table (everyone would hash to shard 0,
+            // dedicated lanes forgotten): look again, then refuse.
+            table = self.routing.refresh().await?;
+            if !table.present() {
+                return Err(StoreError::RoutingMissing(self.store().set().clone()));
+            }
+        }
         let mut stale = false;
         for attempt in 0..=MAX_REDIRECTS {
             if pending.is_empty() {
@@ -62,6 +70,9 @@ impl Producer {
                     tokio::time::sleep(Duration::from_millis(5 << attempt)).await;
                 }
                 table = self.routing.refresh().await?;
+                if !table.present() {
+                    return Err(StoreError::RoutingMissing(self.store().set().clone()));
+                }
             }
             stale = false;
             let mut by_queue: BTreeMap<QueueId, Vec<usize>> = BTreeMap::new();
@@ -72,6 +83,11 @@ impl Producer {
                     .unwrap_or_else(|| table.route(&envs[i].tenant));
                 by_queue.entry(q).or_default().push(i);
             }
+            // Replicated: enqueue on the durable connection, where the WAIT goes.
+            let store = match table.replicated {
+                Some(_) => self.routing.store().durable().await?,
+                None => self.routing.store().clone(),
+            };
             for (q, idx) in by_queue {
                 // All of them, in order, to one queue (the usual case): no copies.
                 let whole = idx.len() == envs.len() && idx.iter().enumerate().all(|(k, &i)| k == i);
@@ -80,9 +96,7 @@ impl Producer {
                 } else {
                     idx.iter().map(|&i| envs[i].clone()).collect()
                 };
-                let outcomes = self
-                    .routing
-                    .store()
+                let outcomes = store
                     .enqueue_batch_routed(
                         q,
                         if whole { envs } else { &batch },
@@ -90,6 +104,10 @@ impl Producer {
                         table.version.max(1),
                     )
                     .await?;
+                let outcomes = match table.replicated {
+                    Some(timeout) => replicated(&store, q, outcomes, timeout).await,
+                    None => outcomes,
+                };
                 for (i, outcome) in idx.into_iter().zip(outcomes) {
                     match outcome {
                         Ok(EnqueueOutcome::Moved(to)) => {
@@ -132,6 +150,53 @@ impl Producer {
 
     /// The routing table as cached (refreshed when older than its TTL).
     pub async fn route(&self, tenant: &str) -> Result<QueueId> {
-        Ok(self.routing.table().await?.route(tenant))
+        let table = self.routing.table().await?;
+        if !table.present() {
+            return Err(StoreError::RoutingMissing(self.store().set().clone()));
+        }
+        Ok(table.route(tenant))
     }
+}
+
+/// `Replicated` durability: once `q` stored some of `outcomes` (through
+/// `store`, a durable store), wait until a replica has them too (`WAIT 1`);
+/// if none acknowledges within `timeout`, every stored one becomes
+/// [`StoreError::NotReplicated`] (ingest answers 503; a retry with the same
+/// id is stored once).
+async fn replicated(
+    store: &Store,
+    q: QueueId,
+    outcomes: Vec<Result<EnqueueOutcome>>,
+    timeout: Duration,
+) -> Vec<Result<EnqueueOutcome>> {
+    let stored = |o: &Result<EnqueueOutcome>| {
+        matches!(
+            o,
+            Ok(EnqueueOutcome::Queued { .. }
+                | EnqueueOutcome::Held { .. }
+                | EnqueueOutcome::Duplicate)
+        )
+    };
+    if !outcomes.iter().any(stored) {
+        return outcomes;
+    }
+    let failure = match store.wait_replicas(q, 1, timeout).await {
+        Ok(n) if n >= 1 => return outcomes,
+        Ok(acked) => Ok(acked),
+        Err(e) => Err(format!("WAIT for a replica failed: {e}")),
+    };
+    outcomes
+        .into_iter()
+        .map(|o| match (&failure, stored(&o)) {
+            (_, false) => o,
+            (Ok(acked), true) => Err(StoreError::NotReplicated {
+                acked: *acked,
+                timeout,
+            }),
+            (Err(detail), true) => Err(StoreError::Protocol {
+                script: "wait",
+                detail: detail.clone(),
+            }),
+        })
+        .collect()
 }

@@ -101,9 +101,23 @@ pub struct RoutingTable {
     pub version: u64,
     /// Tenants whose queue is set explicitly (dedicated lanes, reshard moves).
     pub pins: BTreeMap<String, QueueId>,
+    /// The controller's mark of this Redis's state: written with the table,
+    /// gone when Redis lost its state (see `docs/architecture.md`, "A Redis
+    /// that lost its state").
+    pub epoch: Option<String>,
+    /// `spec.redis.durability: Replicated`: an enqueue counts once a replica
+    /// holds it, waited for up to this long (`WAIT 1 <ms>`). `None`: `Fast`.
+    pub replicated: Option<Duration>,
 }
 
 impl RoutingTable {
+    /// The table is there: the controller wrote a shard count. Without it
+    /// (a new set, or a Redis that lost its state) nobody may route: every
+    /// tenant would hash to shard 0, dedicated lanes forgotten.
+    pub fn present(&self) -> bool {
+        self.shards > 0
+    }
+
     /// The queue `tenant` is routed to: its pin, else its hash shard.
     pub fn route(&self, tenant: &str) -> QueueId {
         self.pins

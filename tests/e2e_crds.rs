@@ -462,3 +462,109 @@ spec:
         "{err}"
     );
 }
+
+#[test]
+fn redis_tls_acl_and_durability_fields_are_checked_by_the_api_server() {
+    let cp = cluster();
+    let ns = cp.namespace("redis-fields");
+    let set = |name: &str, redis: &str| {
+        format!(
+            r#"
+apiVersion: lanekeeper.io/v1alpha1
+kind: ShardSet
+metadata: {{name: {name}}}
+spec:
+  shards: 2
+  redis: {redis}
+  worker: {{image: "lanekeeper:dev"}}
+"#
+        )
+    };
+    // Accepted: TLS with a CA and a client certificate, an ACL user with its
+    // password, replicated durability; the defaults filled in.
+    cp.kubectl_stdin(
+        &["apply", "-n", &ns, "-f", "-"],
+        &set(
+            "secure",
+            r#"{url: "rediss://redis:6380", username: lanekeeper, passwordSecretRef: {name: pw, key: password},
+                tls: {caSecretRef: {name: ca, key: ca.crt}, clientCertSecretRef: {name: client}}, durability: Replicated}"#,
+        ),
+    );
+    let got = cp.kubectl_ok(&[
+        "get",
+        "-n",
+        &ns,
+        "shs",
+        "secure",
+        "-o",
+        "jsonpath={.spec.redis}",
+    ]);
+    let v: serde_json::Value = serde_json::from_str(&got).unwrap();
+    assert_eq!(v["durability"], "Replicated", "{v}");
+    assert_eq!(v["replicaAckTimeout"], "1s", "{v}");
+    cp.kubectl_stdin(
+        &["apply", "-n", &ns, "-f", "-"],
+        &set("plain", r#"{url: "redis://redis:6379"}"#),
+    );
+    let got = cp.kubectl_ok(&[
+        "get",
+        "-n",
+        &ns,
+        "shs",
+        "plain",
+        "-o",
+        "jsonpath={.spec.redis.durability}",
+    ]);
+    assert_eq!(got, "Fast");
+
+    let err = rejected(
+        cp,
+        &ns,
+        &set(
+            "nouser",
+            r#"{url: "redis://redis:6379", username: lanekeeper}"#,
+        ),
+    );
+    assert!(
+        err.contains("redis.username needs redis.passwordSecretRef"),
+        "{err}"
+    );
+    let err = rejected(
+        cp,
+        &ns,
+        &set(
+            "tlsplain",
+            r#"{url: "redis://redis:6379", tls: {caSecretRef: {name: ca, key: ca.crt}}}"#,
+        ),
+    );
+    assert!(
+        err.contains("redis.tls needs a rediss:// or rediss+cluster:// url"),
+        "{err}"
+    );
+    let err = rejected(
+        cp,
+        &ns,
+        &set(
+            "bad",
+            r#"{url: "rediss://redis:6379", durability: Eventually}"#,
+        ),
+    );
+    assert!(
+        err.contains("spec.redis.durability") && err.contains("\"Fast\", \"Replicated\""),
+        "{err}"
+    );
+    let err = rejected(
+        cp,
+        &ns,
+        &set(
+            "bad",
+            r#"{url: "rediss://redis:6379", replicaAckTimeout: soon, username: "a b", passwordSecretRef: {name: pw, key: p}}"#,
+        ),
+    );
+    for want in [
+        "redis.replicaAckTimeout must be a duration such as 1s or 500ms",
+        "redis.username must be non-empty, without spaces",
+    ] {
+        assert!(err.contains(want), "missing {want:?} in:\n{err}");
+    }
+}

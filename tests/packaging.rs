@@ -138,6 +138,8 @@ fn all_options(ns: &str) -> Vec<String> {
         "networkPolicy.redis.to[0].podSelector.matchLabels.app=redis",
         "networkPolicy.metricsFrom[0].namespaceSelector.matchLabels.monitoring=enabled",
         "redis.extraSecretNames[0]=redis-eu",
+        "redis.tls.caSecretName=redis-ca",
+        "redis.tls.clientCertSecretName=redis-client",
         "controller.logFormat=text",
         "image.digest=sha256:0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef",
     ]
@@ -442,7 +444,7 @@ fn chart_is_least_privilege_hardened_and_elects_a_leader_with_replicas() {
     assert_eq!(role["metadata"]["namespace"], "prod");
     assert_eq!(
         controller_rules(&objs, "Role", "lk-lanekeeper-controller"),
-        expected_rules(&["lanekeeper-redis", "redis-eu"])
+        expected_rules(&["lanekeeper-redis", "redis-eu", "redis-ca", "redis-client"])
     );
     let lease = find(&objs, "Role", "lk-lanekeeper-controller-leader-election");
     assert_eq!(lease["metadata"]["namespace"], "ops");
@@ -463,6 +465,31 @@ fn chart_is_least_privilege_hardened_and_elects_a_leader_with_replicas() {
             "--listen=0.0.0.0:8080"
         ]
     );
+    // Ingest gets the Redis CA and client certificate from their Secrets.
+    let ipod = &ingest["spec"]["template"]["spec"];
+    let ienv = &ipod["containers"][0]["env"];
+    let ienv = ienv.as_sequence().unwrap();
+    let val = |n: &str| {
+        ienv.iter()
+            .find(|e| e["name"] == n)
+            .map(|e| e["value"].as_str().unwrap_or("").to_string())
+            .unwrap_or_default()
+    };
+    assert_eq!(
+        val("LANEKEEPER_REDIS_CA_FILE"),
+        "/etc/lanekeeper/redis-tls/ca/ca.crt"
+    );
+    assert_eq!(
+        val("LANEKEEPER_REDIS_CLIENT_KEY_FILE"),
+        "/etc/lanekeeper/redis-tls/client/tls.key"
+    );
+    let vols = ipod["volumes"].as_sequence().unwrap();
+    assert!(vols.iter().any(|v| v["secret"]["secretName"] == "redis-ca"
+        && v["secret"]["items"][0]["key"] == "ca.crt"
+        && v["secret"]["items"][0]["path"] == "ca.crt"));
+    assert!(vols
+        .iter()
+        .any(|v| v["secret"]["secretName"] == "redis-client"));
     for (kind, name) in [
         ("NetworkPolicy", "lk-lanekeeper-controller"),
         ("NetworkPolicy", "lk-lanekeeper-ingest"),

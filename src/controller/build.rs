@@ -170,6 +170,72 @@ fn plain_env(name: &str, value: impl Into<String>) -> EnvVar {
     }
 }
 
+/// Where a worker finds the Redis CA and client certificate of `spec.redis.tls`.
+pub const REDIS_TLS_DIR: &str = "/etc/lanekeeper/redis-tls";
+
+/// The Secret volumes, mounts and environment that give a worker the TLS
+/// material of `spec.redis.tls`: the Secrets are mounted by reference
+/// (read-only), never copied into the Deployment.
+fn redis_tls_files(
+    tls: Option<&crate::crd::RedisTlsSpec>,
+) -> (Vec<Volume>, Vec<VolumeMount>, Vec<EnvVar>) {
+    use k8s_openapi::api::core::v1::{KeyToPath, SecretVolumeSource};
+    let (mut volumes, mut mounts, mut env) = (Vec::new(), Vec::new(), Vec::new());
+    let Some(tls) = tls else {
+        return (volumes, mounts, env);
+    };
+    let mut add = |name: &str, secret: &str, items: Vec<(String, &str)>| {
+        volumes.push(Volume {
+            name: name.to_string(),
+            secret: Some(SecretVolumeSource {
+                secret_name: Some(secret.to_string()),
+                items: Some(
+                    items
+                        .iter()
+                        .map(|(key, path)| KeyToPath {
+                            key: key.clone(),
+                            path: path.to_string(),
+                            mode: None,
+                        })
+                        .collect(),
+                ),
+                optional: Some(false),
+                ..Default::default()
+            }),
+            ..Default::default()
+        });
+        mounts.push(VolumeMount {
+            name: name.to_string(),
+            mount_path: format!("{REDIS_TLS_DIR}/{}", name.trim_start_matches("redis-tls-")),
+            read_only: Some(true),
+            ..Default::default()
+        });
+    };
+    if let Some(ca) = &tls.ca_secret_ref {
+        add("redis-tls-ca", &ca.name, vec![(ca.key.clone(), "ca.crt")]);
+        env.push(plain_env(
+            "LANEKEEPER_REDIS_CA_FILE",
+            format!("{REDIS_TLS_DIR}/ca/ca.crt"),
+        ));
+    }
+    if let Some(client) = &tls.client_cert_secret_ref {
+        add(
+            "redis-tls-client",
+            &client.name,
+            vec![("tls.crt".into(), "tls.crt"), ("tls.key".into(), "tls.key")],
+        );
+        env.push(plain_env(
+            "LANEKEEPER_REDIS_CLIENT_CERT_FILE",
+            format!("{REDIS_TLS_DIR}/client/tls.crt"),
+        ));
+        env.push(plain_env(
+            "LANEKEEPER_REDIS_CLIENT_KEY_FILE",
+            format!("{REDIS_TLS_DIR}/client/tls.key"),
+        ));
+    }
+    (volumes, mounts, env)
+}
+
 /// The worker Deployment of queue `q`.
 pub fn worker_deployment(
     set: &ShardSet,
@@ -236,6 +302,11 @@ pub fn worker_deployment(
     if spec.redis.cluster {
         env.push(plain_env("LANEKEEPER_REDIS_CLUSTER", "true"));
     }
+    if let Some(user) = &spec.redis.username {
+        env.push(plain_env("LANEKEEPER_REDIS_USERNAME", user.clone()));
+    }
+    let (tls_volumes, tls_mounts, tls_env) = redis_tls_files(spec.redis.tls.as_ref());
+    env.extend(tls_env);
     env.extend(worker.env.iter().cloned());
 
     let probe = |path: &str| Probe {
@@ -271,11 +342,15 @@ pub fn worker_deployment(
             }),
             ..Default::default()
         }),
-        volume_mounts: Some(vec![VolumeMount {
-            name: "tmp".to_string(),
-            mount_path: "/tmp".to_string(),
-            ..Default::default()
-        }]),
+        volume_mounts: Some(
+            std::iter::once(VolumeMount {
+                name: "tmp".to_string(),
+                mount_path: "/tmp".to_string(),
+                ..Default::default()
+            })
+            .chain(tls_mounts)
+            .collect(),
+        ),
         ..Default::default()
     };
     let pod = PodSpec {
@@ -297,11 +372,15 @@ pub fn worker_deployment(
             }),
             ..Default::default()
         }),
-        volumes: Some(vec![Volume {
-            name: "tmp".to_string(),
-            empty_dir: Some(Default::default()),
-            ..Default::default()
-        }]),
+        volumes: Some(
+            std::iter::once(Volume {
+                name: "tmp".to_string(),
+                empty_dir: Some(Default::default()),
+                ..Default::default()
+            })
+            .chain(tls_volumes)
+            .collect(),
+        ),
         ..Default::default()
     };
     Ok(Deployment {
@@ -511,6 +590,76 @@ spec:
             lane_deployment(&s, &lane, 8).unwrap_err(),
             BuildError::LaneIndex(8)
         );
+    }
+
+    #[test]
+    fn redis_tls_and_acl_user_reach_the_workers_by_reference() {
+        let mut s = set(FIXTURE);
+        s.spec.redis.url = Some("rediss://redis.svc:6380/0".into());
+        s.spec.redis.username = Some("lanekeeper".into());
+        s.spec.redis.password_secret_ref = Some(SecretKeyRef {
+            name: "redis-pw".into(),
+            key: "password".into(),
+        });
+        s.spec.redis.tls = Some(crate::crd::RedisTlsSpec {
+            ca_secret_ref: Some(SecretKeyRef {
+                name: "redis-ca".into(),
+                key: "bundle.pem".into(),
+            }),
+            client_cert_secret_ref: Some(crate::crd::SecretNameRef {
+                name: "redis-client".into(),
+            }),
+        });
+        let d = &shard_deployments(&s).unwrap()[0];
+        let pod = d.spec.as_ref().unwrap().template.spec.as_ref().unwrap();
+        let c = &pod.containers[0];
+        let env = c.env.clone().unwrap();
+        let get = |n: &str| {
+            env.iter()
+                .find(|e| e.name == n)
+                .and_then(|e| e.value.clone())
+        };
+        assert_eq!(
+            get("LANEKEEPER_REDIS_USERNAME").as_deref(),
+            Some("lanekeeper")
+        );
+        assert_eq!(
+            get("LANEKEEPER_REDIS_CA_FILE").as_deref(),
+            Some("/etc/lanekeeper/redis-tls/ca/ca.crt")
+        );
+        assert_eq!(
+            get("LANEKEEPER_REDIS_CLIENT_KEY_FILE").as_deref(),
+            Some("/etc/lanekeeper/redis-tls/client/tls.key")
+        );
+        let vols = pod.volumes.clone().unwrap();
+        let ca = vols.iter().find(|v| v.name == "redis-tls-ca").unwrap();
+        let src = ca.secret.as_ref().unwrap();
+        assert_eq!(src.secret_name.as_deref(), Some("redis-ca"));
+        let items = src.items.as_ref().unwrap();
+        assert_eq!(
+            (items[0].key.as_str(), items[0].path.as_str()),
+            ("bundle.pem", "ca.crt")
+        );
+        let client = vols.iter().find(|v| v.name == "redis-tls-client").unwrap();
+        assert_eq!(
+            client.secret.as_ref().unwrap().secret_name.as_deref(),
+            Some("redis-client")
+        );
+        let mounts = c.volume_mounts.clone().unwrap();
+        assert!(mounts.iter().any(|m| m.name == "redis-tls-ca"
+            && m.mount_path == "/etc/lanekeeper/redis-tls/ca"
+            && m.read_only == Some(true)));
+        assert!(mounts
+            .iter()
+            .any(|m| m.name == "redis-tls-client"
+                && m.mount_path == "/etc/lanekeeper/redis-tls/client"));
+        // No key material in the Deployment itself.
+        let yaml = serde_yaml::to_string(d).unwrap();
+        assert!(!yaml.contains("BEGIN"), "{yaml}");
+        // Without tls, nothing is mounted beyond /tmp.
+        let plain = &shard_deployments(&set(FIXTURE)).unwrap()[0];
+        let pod = plain.spec.as_ref().unwrap().template.spec.as_ref().unwrap();
+        assert_eq!(pod.volumes.as_ref().unwrap().len(), 1);
     }
 
     #[test]

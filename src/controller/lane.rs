@@ -773,6 +773,11 @@ async fn step_until_wait(io: &mut Io<'_>) -> Result<Action, LaneError> {
                 }
                 st.waiting_for_reshard = false;
                 let routing = io.store.routing().await?;
+                if !routing.present() {
+                    // No table (a Redis that lost its state): the set's
+                    // reconciler writes it; nothing routes until then.
+                    return Ok(Action::requeue(Duration::from_secs(1)));
+                }
                 if matches!(routing.pins.get(&tenant), Some(QueueId::Shard(_))) {
                     // A move a reshard began and did not finish (the gate
                     // keeps new ones from starting): take the tenant once it
@@ -936,6 +941,10 @@ async fn step_until_wait(io: &mut Io<'_>) -> Result<Action, LaneError> {
                 io.write(&st, None).await?;
             }
             LanePhase::Active => {
+                let routing = io.store.routing().await?;
+                if !routing.present() {
+                    return Ok(Action::requeue(Duration::from_secs(1)));
+                }
                 if want_out && !waiting_out {
                     let Some(index) = st.lane_index else {
                         st.phase = LanePhase::Pending;
@@ -960,12 +969,23 @@ async fn step_until_wait(io: &mut Io<'_>) -> Result<Action, LaneError> {
                 if let Some(i) = st.lane_index {
                     // Follow changes of the set's worker template and scheduler policy.
                     io.apply_deployment(i).await?;
+                    let lane_q = QueueId::Lane(i as u8);
                     io.store
-                        .configure_queue(
-                            QueueId::Lane(i as u8),
-                            &QueuePolicy::from_spec(&io.set.spec),
-                        )
+                        .configure_queue(lane_q, &QueuePolicy::from_spec(&io.set.spec))
                         .await?;
+                    // An Active lane's tenant is pinned to it, whatever
+                    // happened to the table (the set's reconciler restores
+                    // pins after a loss; this mends a pin lost on its own).
+                    if routing.epoch.is_some() && routing.pins.get(&tenant) != Some(&lane_q) {
+                        warn!(lane = %io.lane.name_any(), %tenant, "the routing table lost this Active lane's pin: pinning the tenant to its lane again");
+                        io.store.pin(&tenant, lane_q).await?;
+                        io.event(
+                            EventType::Warning,
+                            "Repinned",
+                            format!("{tenant} was not pinned to {lane_q} in the routing table; pinned again"),
+                        )
+                        .await;
+                    }
                 }
                 // Keep the conditions (and observedGeneration) current.
                 let before = io.lane.status.clone().unwrap_or_default();
@@ -1037,6 +1057,24 @@ async fn step_until_wait(io: &mut Io<'_>) -> Result<Action, LaneError> {
         }
     }
     Ok(Action::requeue(POLL))
+}
+
+/// The lane whose pin the routing table must hold for this lane's tenant
+/// now, from its recorded phase: `Active` and on its way out until the pin
+/// is removed (`Retiring`, and `Pausing`/`Draining`/`Repinning` from the
+/// lane), and promoted past `Repinning` (`Scaling` to the lane). What the
+/// controller rewrites when Redis lost its state.
+pub fn pinned_lane(st: &DedicatedLaneStatus) -> Option<QueueId> {
+    let lane = QueueId::Lane(u8::try_from(st.lane_index?).ok()?);
+    let parse = |q: &Option<String>| q.as_deref().and_then(|q| q.parse::<QueueId>().ok());
+    match st.phase {
+        LanePhase::Active | LanePhase::Retiring => Some(lane),
+        LanePhase::Pausing | LanePhase::Draining | LanePhase::Repinning => {
+            (parse(&st.source_queue) == Some(lane)).then_some(lane)
+        }
+        LanePhase::Scaling => (parse(&st.target_queue) == Some(lane)).then_some(lane),
+        LanePhase::Pending | LanePhase::Retired | LanePhase::Failed => None,
+    }
 }
 
 /// Lanes of a set, by the facts the ShardSet status needs: admitted count and
@@ -1157,6 +1195,46 @@ mod tests {
         ));
         assert_eq!(summary("hooks", &lanes), (2, true));
         assert_eq!(summary("other", &lanes), (1, false));
+    }
+
+    #[test]
+    fn the_pin_a_lane_needs_follows_its_phase() {
+        let st = |phase, source: Option<&str>, target: Option<&str>| DedicatedLaneStatus {
+            phase,
+            lane_index: Some(2),
+            source_queue: source.map(str::to_string),
+            target_queue: target.map(str::to_string),
+            ..Default::default()
+        };
+        let lane = Some(QueueId::Lane(2));
+        assert_eq!(
+            pinned_lane(&st(LanePhase::Active, None, Some("lane-2"))),
+            lane
+        );
+        assert_eq!(
+            pinned_lane(&st(LanePhase::Retiring, Some("lane-2"), Some("shard-01"))),
+            lane
+        );
+        assert_eq!(
+            pinned_lane(&st(LanePhase::Draining, Some("lane-2"), Some("shard-01"))),
+            lane
+        );
+        assert_eq!(
+            pinned_lane(&st(LanePhase::Scaling, Some("shard-01"), Some("lane-2"))),
+            lane
+        );
+        // Promoting and not yet repinned: the tenant is still on its shard.
+        assert_eq!(
+            pinned_lane(&st(LanePhase::Draining, Some("shard-01"), Some("lane-2"))),
+            None
+        );
+        // Retired, or back on the shard and scaling the lane down.
+        assert_eq!(
+            pinned_lane(&st(LanePhase::Scaling, Some("lane-2"), Some("shard-01"))),
+            None
+        );
+        assert_eq!(pinned_lane(&st(LanePhase::Retired, None, None)), None);
+        assert_eq!(pinned_lane(&st(LanePhase::Pending, None, None)), None);
     }
 
     #[test]

@@ -32,7 +32,7 @@ use tracing::{info, warn};
 use crate::crd::{DedicatedLane, RedisSpec, ShardSet, ShardSetStatus};
 use crate::routing::QueueId;
 use crate::scheduler::QueuePolicy;
-use crate::store::{ConnectOptions, SetId, Store};
+use crate::store::{ConnectOptions, RedisTls, SetId, Store};
 use build::{shard_deployments_upto, shard_of, shard_selector, BuildError, FIELD_MANAGER};
 
 /// What can go wrong in a reconcile.
@@ -51,7 +51,9 @@ pub struct Context {
     pub client: Client,
     reporter: Reporter,
     /// One Redis connection per (URL, set), reused across reconciles.
-    stores: Mutex<HashMap<(String, SetId), Store>>,
+    stores: Mutex<HashMap<(String, SetId, Option<RedisTls>), Store>>,
+    /// Per set, the store its last reconcile used (what [`watch_routing`] checks).
+    current: Mutex<HashMap<SetId, Store>>,
     /// Consecutive failures per object, for bounded exponential backoff.
     failures: Mutex<HashMap<ObjectRef<ShardSet>, u32>>,
     /// Lane indexes are handed out one at a time.
@@ -67,6 +69,7 @@ impl Context {
             client,
             reporter: Reporter::from(FIELD_MANAGER),
             stores: Mutex::default(),
+            current: Mutex::default(),
             failures: Mutex::default(),
             admission: tokio::sync::Mutex::new(()),
             reshards: Mutex::default(),
@@ -147,7 +150,24 @@ pub async fn run(
             }
         })
     };
+    // A Redis that lost its state is noticed within seconds, not at the
+    // next periodic reconcile: one HEXISTS per set every two seconds.
+    let (lost_tx, lost_rx) = tokio::sync::mpsc::channel::<()>(1);
+    let lost_task = {
+        let ctx = ctx.clone();
+        let stop = stop.clone();
+        tokio::spawn(async move {
+            tokio::select! {
+                _ = watch_routing(ctx, lost_tx) => {}
+                _ = stop => {}
+            }
+        })
+    };
+    let lost_stream = futures::stream::unfold(lost_rx, |mut rx| async move {
+        rx.recv().await.map(|()| ((), rx))
+    });
     Controller::new(sets, watcher::Config::default().any_semantic())
+        .reconcile_all_on(lost_stream)
         .owns(
             deployments,
             watcher::Config::default().labels("app.kubernetes.io/managed-by=lanekeeper-controller"),
@@ -171,8 +191,33 @@ pub async fn run(
         .await;
     let _ = promotion_task.await;
     let _ = lanes_task.await;
+    let _ = lost_task.await;
     info!("controller stopped");
     Ok(())
+}
+
+/// How often the routing table of every set is checked for a Redis that lost its state.
+const ROUTING_WATCH: Duration = Duration::from_secs(2);
+
+/// Ask for a reconcile of every set when the routing table of one of the
+/// sets this controller has connected to is gone.
+async fn watch_routing(ctx: Arc<Context>, lost: tokio::sync::mpsc::Sender<()>) {
+    loop {
+        tokio::time::sleep(ROUTING_WATCH).await;
+        let stores: Vec<Store> = ctx
+            .current
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .values()
+            .cloned()
+            .collect();
+        for store in stores {
+            if let Ok(false) = store.routing_present().await {
+                let _ = lost.try_send(());
+                break;
+            }
+        }
+    }
 }
 
 async fn reconcile_guarded(
@@ -306,10 +351,52 @@ async fn reconcile_inner(set: &ShardSet, ctx: &Context) -> Result<Action, Error>
         memory.set.progress = set.status.as_ref().and_then(|s| s.resharding.clone());
     }
     let store = store_for(set, ctx).await;
-    let routing = match &store {
+    let mut routing = match &store {
         Ok(store) => store.routing().await.map_err(|e| e.to_string()),
         Err(e) => Err(e.clone()),
     };
+    // A table without the epoch mark: a new set, one from before the mark
+    // existed, or a Redis that lost its state. Rewrite what the controller
+    // knows (shard count, queue policies, lane pins) before anyone routes.
+    let mut restored = None;
+    let mut epoch = None;
+    if let (Ok(store), Ok(table)) = (&store, &routing) {
+        match restore_routing(set, store, table, &all_lanes, desired).await {
+            Ok((mark, lost)) => {
+                epoch = Some(mark);
+                if let Some(what) = lost {
+                    warn!(set = %name, "{what}");
+                    // Whatever the reshard had planned lived in that Redis.
+                    memory.set.progress = None;
+                    let recorder = Recorder::new(ctx.client.clone(), ctx.reporter.clone());
+                    let event = Event {
+                        type_: EventType::Warning,
+                        reason: "RedisStateLost".into(),
+                        note: Some(what.chars().take(1000).collect()),
+                        action: "Restore".into(),
+                        secondary: None,
+                    };
+                    if let Err(e) = recorder.publish(&event, &set.object_ref(&())).await {
+                        warn!(error = %e, "cannot record an event");
+                    }
+                    restored = Some(what);
+                }
+                if table.epoch.is_none() {
+                    routing = store.routing().await.map_err(|e| e.to_string());
+                }
+            }
+            Err(e) => warn!(set = %name, error = %e, "cannot restore the routing table; retrying"),
+        }
+    }
+    // What ingest's 202 means: producers read it with the routing table.
+    if let (Ok(store), Ok(table)) = (&store, &routing) {
+        let wanted = replicated(set);
+        if table.replicated != wanted {
+            if let Err(e) = store.set_durability(wanted).await {
+                warn!(set = %name, error = %e, "cannot write the durability setting; retrying");
+            }
+        }
+    }
     if let (Ok(table), None) = (&routing, &memory.set.progress) {
         // Moves pinned but no record of them (status lost in a crash).
         let pinned = reshard::in_motion(table).len();
@@ -386,7 +473,11 @@ async fn reconcile_inner(set: &ShardSet, ctx: &Context) -> Result<Action, Error>
         }
     }
     drop(memory);
-    let redis = sync_redis(set, ctx, keep).await;
+    let mut redis = sync_redis(set, ctx, keep).await;
+    if let Ok(view) = &mut redis {
+        view.restored = restored;
+        view.epoch = epoch;
+    }
 
     let (admitted, waiting_for_cap) = lane::summary(&name, &all_lanes);
     let lanes = status::Lanes {
@@ -410,6 +501,77 @@ async fn reconcile_inner(set: &ShardSet, ctx: &Context) -> Result<Action, Error>
     } else {
         Action::requeue(Duration::from_secs(10))
     })
+}
+
+/// `spec.redis.durability` as producers read it: the replica wait of `Replicated`.
+fn replicated(set: &ShardSet) -> Option<Duration> {
+    match set.spec.redis.durability {
+        crate::crd::Durability::Fast => None,
+        crate::crd::Durability::Replicated => Some(set.spec.redis.replica_ack_timeout.into()),
+    }
+}
+
+/// Give the set's routing table its epoch mark, first rewriting what the
+/// controller knows when the mark is missing: the queue policies of the
+/// shards and lanes, the pins of the lanes that serve their tenants (from
+/// the DedicatedLanes' recorded phases), then the shard count, then the
+/// mark. Pins go before the shard count, so a producer never routes by a
+/// table that forgot a lane (it sees no table until the count is back).
+/// Returns the mark and, when Redis had lost the set's state (the status
+/// knew a mark, or lanes were pinned and the table is empty), what was
+/// restored.
+async fn restore_routing(
+    set: &ShardSet,
+    store: &Store,
+    table: &crate::routing::RoutingTable,
+    lanes: &[DedicatedLane],
+    desired: u16,
+) -> Result<(String, Option<String>), crate::store::StoreError> {
+    if let Some(epoch) = &table.epoch {
+        return Ok((epoch.clone(), None));
+    }
+    let name = set.name_any();
+    let known = set.status.as_ref().and_then(|s| s.redis_epoch.clone());
+    let policy = QueuePolicy::from_spec(&set.spec);
+    let shards = if table.shards == 0 {
+        desired
+    } else {
+        table.shards
+    };
+    for n in 0..shards.max(desired) {
+        store.configure_queue(QueueId::Shard(n), &policy).await?;
+    }
+    let mut pins = Vec::new();
+    for lane in lanes.iter().filter(|l| l.spec.shard_set == name) {
+        if let Some(q) = lane.status.as_ref().and_then(lane::pinned_lane) {
+            store.configure_queue(q, &policy).await?;
+            if table.pins.get(&lane.spec.tenant) != Some(&q) {
+                store.pin(&lane.spec.tenant, q).await?;
+            }
+            pins.push(format!("{}→{q}", lane.spec.tenant));
+        }
+    }
+    store.set_durability(replicated(set)).await?;
+    if table.shards == 0 {
+        store.set_shards(desired).await?;
+    }
+    let mark = format!("{:016x}", rand::random::<u64>());
+    let held = store.mark_epoch(&mark).await?;
+    let lost = known.is_some() || (table.shards == 0 && !pins.is_empty());
+    let what = lost.then(|| {
+        format!(
+            "Redis lost this set's state: the routing table {} was gone{}. Restored: the shard count ({shards}), the queue policies of {} queues, and {}. Ingest answered 503 \"routing table missing\" and workers waited meanwhile. Envelopes queued before the loss, and the tenants' endpoints registered through ingest, were in that Redis too: re-register endpoints unless Redis restored them from persistence",
+            if known.is_some() { "and its epoch mark" } else { "" },
+            known.map(|k| format!(" (epoch {k}, now {held})")).unwrap_or_default(),
+            shards.max(desired) as usize + pins.len(),
+            if pins.is_empty() {
+                "no lane pins (no lane was serving a tenant)".to_string()
+            } else {
+                format!("the lane pins {}", pins.join(", "))
+            }
+        )
+    });
+    Ok((held, what))
 }
 
 /// Plan a shard-count change once the spec's shards are available, then
@@ -568,6 +730,7 @@ async fn sync_redis(
         .shards
         .get_or_create(&set_labels(set))
         .set(set.spec.shards as i64);
+    view.settings = store.redis_settings().await.map_err(|e| e.to_string());
     Ok(view)
 }
 
@@ -580,46 +743,66 @@ fn set_labels(set: &ShardSet) -> crate::telemetry::SetLabels {
 
 async fn store_for(set: &ShardSet, ctx: &Context) -> Result<Store, String> {
     let ns = set.namespace().unwrap_or_default();
-    let url = redis_url(&ctx.client, &ns, &set.spec.redis).await?;
+    let (url, tls) = redis_target(&ctx.client, &ns, &set.spec.redis).await?;
     let id = SetId::new(&ns, set.name_any());
-    let key = (url.clone(), id.clone());
+    let key = (url.clone(), id.clone(), tls.clone());
     if let Some(s) = ctx
         .stores
         .lock()
         .unwrap_or_else(|e| e.into_inner())
         .get(&key)
+        .cloned()
     {
-        return Ok(s.clone());
+        ctx.current
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(id, s.clone());
+        return Ok(s);
     }
     let opts = ConnectOptions {
         connect_timeout: Duration::from_secs(3),
         response_timeout: Duration::from_secs(3),
     };
-    let store = Store::connect(&url, id, opts)
+    let store = Store::connect_tls(&url, id, opts, tls)
         .await
         .map_err(|e| format!("cannot reach Redis for {ns}/{}: {e}", set.name_any()))?;
     ctx.stores
         .lock()
         .unwrap_or_else(|e| e.into_inner())
         .insert(key, store.clone());
+    ctx.current
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .insert(store.set().clone(), store.clone());
     Ok(store)
 }
 
-/// The Redis URL of a set, resolving Secret references.
-async fn redis_url(client: &Client, ns: &str, spec: &RedisSpec) -> Result<String, String> {
+/// The Redis URL of a set (user name and password in it) and its TLS
+/// material, resolving Secret references.
+async fn redis_target(
+    client: &Client,
+    ns: &str,
+    spec: &RedisSpec,
+) -> Result<(String, Option<RedisTls>), String> {
     let secrets: Api<Secret> = Api::namespaced(client.clone(), ns);
-    let read = |name: String, key: String| {
+    let read_bytes = |name: String, key: String| {
         let secrets = secrets.clone();
         async move {
             let s = secrets
                 .get(&name)
                 .await
                 .map_err(|e| format!("reading Secret {ns}/{name}: {e}"))?;
-            let v = s
-                .data
+            s.data
                 .and_then(|d| d.get(&key).cloned())
-                .ok_or_else(|| format!("Secret {ns}/{name} has no key {key}"))?;
-            String::from_utf8(v.0).map_err(|_| format!("Secret {ns}/{name} key {key} is not UTF-8"))
+                .map(|v| v.0)
+                .ok_or_else(|| format!("Secret {ns}/{name} has no key {key}"))
+        }
+    };
+    let read = |name: String, key: String| {
+        let bytes = read_bytes(name.clone(), key.clone());
+        async move {
+            String::from_utf8(bytes.await?)
+                .map_err(|_| format!("Secret {ns}/{name} key {key} is not UTF-8"))
         }
     };
     let url = match (&spec.url, &spec.url_secret_ref) {
@@ -627,14 +810,33 @@ async fn redis_url(client: &Client, ns: &str, spec: &RedisSpec) -> Result<String
         (Some(u), None) => u.clone(),
         (None, None) => return Err("spec.redis has neither url nor urlSecretRef".to_string()),
     };
-    let url = crate::store::cluster_url(&url, spec.cluster);
-    match &spec.password_secret_ref {
-        Some(r) => {
-            let password = read(r.name.clone(), r.key.clone()).await?;
-            crate::store::with_password(&url, &password)
-        }
-        None => Ok(url),
+    let mut url = crate::store::cluster_url(&url, spec.cluster);
+    if let Some(user) = &spec.username {
+        url = crate::store::with_username(&url, user)?;
     }
+    if let Some(r) = &spec.password_secret_ref {
+        let password = read(r.name.clone(), r.key.clone()).await?;
+        url = crate::store::with_password(&url, &password)?;
+    }
+    let mut tls = RedisTls::default();
+    if let Some(t) = &spec.tls {
+        if let Some(r) = &t.ca_secret_ref {
+            tls.ca = Some(read_bytes(r.name.clone(), r.key.clone()).await?);
+        }
+        if let Some(r) = &t.client_cert_secret_ref {
+            let cert = read_bytes(r.name.clone(), "tls.crt".into()).await?;
+            let key = read_bytes(r.name.clone(), "tls.key".into()).await?;
+            tls.client = Some((cert, key));
+        }
+    }
+    let tls = (tls != RedisTls::default()).then_some(tls);
+    if tls.is_some() && !crate::store::is_tls_url(&url) {
+        return Err(format!(
+            "spec.redis.tls is set but the Redis URL {} is not rediss:// (or rediss+cluster://)",
+            crate::store::redact(&url)
+        ));
+    }
+    Ok((url, tls))
 }
 
 async fn write_status(

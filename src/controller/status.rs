@@ -5,13 +5,32 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 
 use crate::crd::{ShardSet, ShardSetStatus, TenantShare};
 use crate::routing::QueueId;
-use crate::store::TenantStats;
+use crate::store::{RedisSettings, TenantStats};
 
 /// What Redis said during this reconcile.
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Debug)]
 pub struct RedisView {
     /// Per shard, tenant attribution over the promotion window.
     pub queues: Vec<(QueueId, Vec<TenantStats>)>,
+    /// The server's (or every primary's) eviction and persistence settings,
+    /// or why they could not be read.
+    pub settings: Result<Vec<RedisSettings>, String>,
+    /// Redis lost the set's state (routing table gone) and this reconcile
+    /// restored it: what was restored.
+    pub restored: Option<String>,
+    /// The epoch mark Redis holds (see `ShardSetStatus::redis_epoch`).
+    pub epoch: Option<String>,
+}
+
+impl Default for RedisView {
+    fn default() -> Self {
+        Self {
+            queues: Vec::new(),
+            settings: Ok(Vec::new()),
+            restored: None,
+            epoch: None,
+        }
+    }
 }
 
 /// Tenants listed in `status.topTenants`.
@@ -26,7 +45,24 @@ pub(crate) fn condition(
     message: String,
     generation: Option<i64>,
 ) -> Condition {
-    let status = if status { "True" } else { "False" }.to_string();
+    condition_maybe(prev, type_, Some(status), reason, message, generation)
+}
+
+/// [`condition`] whose status may be `Unknown` (`None`).
+pub(crate) fn condition_maybe(
+    prev: &[Condition],
+    type_: &str,
+    status: Option<bool>,
+    reason: &str,
+    message: String,
+    generation: Option<i64>,
+) -> Condition {
+    let status = match status {
+        Some(true) => "True",
+        Some(false) => "False",
+        None => "Unknown",
+    }
+    .to_string();
     let last = prev
         .iter()
         .find(|c| c.type_ == type_ && c.status == status)
@@ -193,8 +229,20 @@ pub fn compute(
         .collect();
     let all_ready = ready == desired && deployments.len() as i32 == desired;
 
+    let eviction = redis.ok().and_then(|v| {
+        v.settings
+            .as_ref()
+            .ok()?
+            .iter()
+            .find_map(|s| s.eviction_problem())
+    });
     let (degraded, degraded_reason, degraded_message) = match (&redis, failures.first()) {
         (Err(e), _) => (true, "RedisUnavailable", (*e).clone()),
+        (Ok(_), _) if eviction.is_some() => (
+            true,
+            "RedisEvictionPolicy",
+            eviction.clone().unwrap_or_default(),
+        ),
         (Ok(_), Some(f)) => (true, "DeploymentFailed", f.clone()),
         (Ok(_), None) => (
             false,
@@ -290,6 +338,9 @@ pub fn compute(
         },
     ];
 
+    let mut conditions = conditions;
+    conditions.extend(redis_conditions(&prev.conditions, redis, generation));
+
     let (skew_ratio, top_tenants) = match redis {
         Ok(view) => attribution(view),
         // Keep the last figures while Redis is away.
@@ -310,7 +361,99 @@ pub fn compute(
         promotion_candidates: Vec::new(),
         demotion_candidates: Vec::new(),
         resharding: reshard.progress.clone(),
+        redis_epoch: match redis {
+            Ok(view) => view.epoch.clone().or(prev.redis_epoch.clone()),
+            Err(_) => prev.redis_epoch.clone(),
+        },
     }
+}
+
+/// `RedisNotPersistent`, `RedisChecked` and `RedisStateLost`, from what
+/// Redis said; while Redis is unreachable, the last ones stand.
+fn redis_conditions(
+    prev: &[Condition],
+    redis: Result<&RedisView, &String>,
+    generation: Option<i64>,
+) -> Vec<Condition> {
+    const TYPES: [&str; 3] = ["RedisNotPersistent", "RedisChecked", "RedisStateLost"];
+    let view = match redis {
+        Ok(v) => v,
+        Err(_) => {
+            return prev
+                .iter()
+                .filter(|c| TYPES.contains(&c.type_.as_str()))
+                .cloned()
+                .collect()
+        }
+    };
+    let mut out = Vec::new();
+    match &view.settings {
+        Ok(all) if !all.is_empty() => {
+            let worst = crate::store::worst_settings(all).expect("not empty");
+            let (status, reason, message) = match worst.persistent() {
+                Some(false) => (
+                    Some(true),
+                    "NoPersistence",
+                    format!(
+                        "{}: a restart of Redis loses every queued envelope; turn on AOF (appendonly yes) or RDB snapshots (save), or accept the risk",
+                        worst.summary()
+                    ),
+                ),
+                Some(true) => (Some(false), "Persistent", worst.summary()),
+                None => (None, "PersistenceUnknown", worst.summary()),
+            };
+            out.push(condition_maybe(
+                prev,
+                "RedisNotPersistent",
+                status,
+                reason,
+                message,
+                generation,
+            ));
+            let refused = all.iter().find(|s| s.config_refused.is_some());
+            let summaries: Vec<String> = all.iter().map(|s| s.summary()).collect();
+            out.push(condition(
+                prev,
+                "RedisChecked",
+                refused.is_none(),
+                if refused.is_none() {
+                    "ConfigGet"
+                } else {
+                    "ConfigGetRefused"
+                },
+                summaries.join("; "),
+                generation,
+            ));
+        }
+        Ok(_) => {}
+        Err(e) => out.push(condition(
+            prev,
+            "RedisChecked",
+            false,
+            "ReadFailed",
+            format!("cannot read the Redis settings (CONFIG GET, INFO): {e}"),
+            generation,
+        )),
+    }
+    out.push(match &view.restored {
+        Some(what) => condition(
+            prev,
+            "RedisStateLost",
+            true,
+            "RoutingTableMissing",
+            what.clone(),
+            generation,
+        ),
+        None => condition(
+            prev,
+            "RedisStateLost",
+            false,
+            "StatePresent",
+            "the routing table and its epoch are in Redis".to_string(),
+            generation,
+        ),
+    });
+    out
 }
 
 /// Max over median of per-shard worker-seconds, and the tenants with the
@@ -375,7 +518,12 @@ pub fn transitions(before: &ShardSetStatus, after: &ShardSetStatus) -> Vec<Trans
         .filter(|c| {
             matches!(
                 c.type_.as_str(),
-                "Ready" | "Degraded" | "LaneCapReached" | "Resharding"
+                "Ready"
+                    | "Degraded"
+                    | "LaneCapReached"
+                    | "Resharding"
+                    | "RedisNotPersistent"
+                    | "RedisStateLost"
             )
         })
         .filter(|c| {
@@ -431,6 +579,7 @@ mod tests {
                 (QueueId::Shard(1), stats(&[("b", 20.0)])),
                 (QueueId::Shard(2), stats(&[("c", 25.0)])),
             ],
+            ..Default::default()
         };
         let (skew, top) = attribution(&view);
         // per shard 100, 20, 25: median 25, max 100
@@ -439,6 +588,116 @@ mod tests {
         assert_eq!(top[0].share, 1.0);
         let whale = top.iter().find(|t| t.tenant == "whale").unwrap();
         assert_eq!((whale.queue.as_str(), whale.share), ("shard-00", 0.9));
+    }
+
+    fn a_set() -> ShardSet {
+        serde_yaml::from_str(
+            "apiVersion: lanekeeper.io/v1alpha1\nkind: ShardSet\nmetadata: {name: s, namespace: n}\nspec: {shards: 1, redis: {url: \"redis://r\"}, worker: {image: i}}\n",
+        )
+        .unwrap()
+    }
+
+    fn cond<'a>(st: &'a ShardSetStatus, t: &str) -> &'a Condition {
+        st.conditions.iter().find(|c| c.type_ == t).unwrap()
+    }
+
+    #[test]
+    fn redis_settings_become_conditions() {
+        let set = a_set();
+        let evicting = RedisSettings {
+            via_config: true,
+            maxmemory_policy: Some("allkeys-lru".into()),
+            appendonly: Some(false),
+            save: Some(String::new()),
+            ..Default::default()
+        };
+        let view = RedisView {
+            settings: Ok(vec![evicting]),
+            ..Default::default()
+        };
+        let st = compute(
+            &set,
+            &[],
+            Lanes::default(),
+            Ok(&view),
+            &ReshardView::default(),
+        );
+        let d = cond(&st, "Degraded");
+        assert_eq!(
+            (d.status.as_str(), d.reason.as_str()),
+            ("True", "RedisEvictionPolicy")
+        );
+        assert!(
+            d.message.contains("maxmemory-policy allkeys-lru"),
+            "{}",
+            d.message
+        );
+        let p = cond(&st, "RedisNotPersistent");
+        assert_eq!(
+            (p.status.as_str(), p.reason.as_str()),
+            ("True", "NoPersistence")
+        );
+        assert_eq!(cond(&st, "RedisChecked").status, "True");
+        assert_eq!(cond(&st, "RedisStateLost").status, "False");
+
+        // From INFO only: persistence unknown, and said.
+        let info = RedisSettings {
+            maxmemory_policy: Some("noeviction".into()),
+            appendonly: Some(false),
+            config_refused: Some("ERR unknown command 'CONFIG'".into()),
+            ..Default::default()
+        };
+        let view = RedisView {
+            settings: Ok(vec![info]),
+            restored: Some("restored the lane pins acme→lane-1".into()),
+            epoch: Some("e2".into()),
+            ..Default::default()
+        };
+        let st = compute(
+            &set,
+            &[],
+            Lanes::default(),
+            Ok(&view),
+            &ReshardView::default(),
+        );
+        assert_eq!(cond(&st, "Degraded").reason, "AsExpected");
+        assert_eq!(cond(&st, "RedisNotPersistent").status, "Unknown");
+        let c = cond(&st, "RedisChecked");
+        assert_eq!(
+            (c.status.as_str(), c.reason.as_str()),
+            ("False", "ConfigGetRefused")
+        );
+        let l = cond(&st, "RedisStateLost");
+        assert_eq!(
+            (l.status.as_str(), l.message.as_str()),
+            ("True", "restored the lane pins acme→lane-1")
+        );
+        assert_eq!(st.redis_epoch.as_deref(), Some("e2"));
+        // Both warnings are Events when they turn on.
+        let reasons: Vec<String> = transitions(&ShardSetStatus::default(), &st)
+            .into_iter()
+            .filter(|t| t.warning)
+            .map(|t| t.type_)
+            .collect();
+        assert!(
+            reasons.contains(&"RedisStateLost".to_string()),
+            "{reasons:?}"
+        );
+
+        // Redis unreachable: the last Redis conditions and epoch stand.
+        let mut with_prev = set.clone();
+        with_prev.status = Some(st.clone());
+        let err = "down".to_string();
+        let st2 = compute(
+            &with_prev,
+            &[],
+            Lanes::default(),
+            Err(&err),
+            &ReshardView::default(),
+        );
+        assert_eq!(cond(&st2, "RedisNotPersistent").status, "Unknown");
+        assert_eq!(st2.redis_epoch.as_deref(), Some("e2"));
+        assert_eq!(cond(&st2, "Degraded").reason, "RedisUnavailable");
     }
 
     #[test]

@@ -93,8 +93,10 @@ pub struct ShardSetSpec {
 
 /// Connection to the Redis server or Redis Cluster that holds this set's
 /// queues. Give exactly one of `url` and `urlSecretRef`.
-#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
 #[x_kube(validation = Rule::new("has(self.url) != has(self.urlSecretRef)").message("redis: set exactly one of url and urlSecretRef"))]
+#[x_kube(validation = Rule::new("!has(self.username) || has(self.passwordSecretRef)").message("redis.username needs redis.passwordSecretRef: an ACL user authenticates with a password"))]
+#[x_kube(validation = Rule::new("!has(self.tls) || !has(self.url) || self.url.startsWith('rediss')").message("redis.tls needs a rediss:// or rediss+cluster:// url"))]
 #[serde(rename_all = "camelCase")]
 pub struct RedisSpec {
     /// Redis URL without credentials, e.g. `redis://redis.lanekeeper.svc:6379/0`,
@@ -125,6 +127,94 @@ pub struct RedisSpec {
     /// `redis+cluster://` URL.
     #[serde(default)]
     pub cluster: bool,
+
+    /// ACL user name (Redis 6+ `ACL SETUSER`), authenticated with the
+    /// password of `passwordSecretRef`. Without it, the password is the
+    /// `default` user's. See the README for the minimal ACL lanekeeper needs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[x_kube(validation = Rule::new("self.size() > 0 && !self.contains(' ')").message("redis.username must be non-empty, without spaces"))]
+    #[schemars(length(max = 128))]
+    pub username: Option<String>,
+
+    /// TLS for a `rediss://` URL: the CA to verify the server with (instead
+    /// of the system roots) and a client certificate. Without it a
+    /// `rediss://` URL is verified against the system roots.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tls: Option<RedisTlsSpec>,
+
+    /// What ingest's 202 means. `Fast` (default): the envelope is on the
+    /// Redis primary; a failover before it reaches a replica loses it.
+    /// `Replicated`: ingest waits until at least one replica has it (`WAIT 1`)
+    /// and answers 503 when none acknowledges within `replicaAckTimeout`,
+    /// at the cost measured in the README.
+    #[serde(default)]
+    pub durability: Durability,
+
+    /// With `durability: Replicated`, the longest wait for a replica's
+    /// acknowledgement before ingest answers 503, e.g. `1s`.
+    #[serde(default = "default_replica_ack_timeout")]
+    #[x_kube(validation = Rule::new(super::DURATION_SYNTAX).message("redis.replicaAckTimeout must be a duration such as 1s or 500ms"))]
+    #[x_kube(validation = Rule::new(super::DURATION_POSITIVE).message("redis.replicaAckTimeout must be positive"))]
+    #[schemars(length(max = 32))]
+    pub replica_ack_timeout: Duration,
+}
+
+fn default_replica_ack_timeout() -> Duration {
+    secs(1)
+}
+
+impl Default for RedisSpec {
+    fn default() -> Self {
+        Self {
+            url: None,
+            url_secret_ref: None,
+            password_secret_ref: None,
+            cluster: false,
+            username: None,
+            tls: None,
+            durability: Durability::Fast,
+            replica_ack_timeout: default_replica_ack_timeout(),
+        }
+    }
+}
+
+/// What an accepted envelope survives.
+#[derive(
+    schemars::JsonSchema, Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Default,
+)]
+pub enum Durability {
+    /// Acknowledged once the Redis primary holds it.
+    #[default]
+    Fast,
+    /// Acknowledged once at least one replica holds it too.
+    Replicated,
+}
+
+/// TLS material of a `rediss://` connection, from Secrets in the ShardSet's namespace.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct RedisTlsSpec {
+    /// A key of a Secret holding the PEM CA certificate(s) that signed the
+    /// Redis server's certificate (e.g. key `ca.crt`), trusted instead of the
+    /// system roots. Mounted into worker pods; never copied.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ca_secret_ref: Option<SecretKeyRef>,
+
+    /// A Secret of type `kubernetes.io/tls` (keys `tls.crt` and `tls.key`)
+    /// holding the client certificate for a Redis that asks for one
+    /// (`tls-auth-clients yes`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub client_cert_secret_ref: Option<SecretNameRef>,
+}
+
+/// A Secret in the ShardSet's namespace, by name.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct SecretNameRef {
+    /// Name of the Secret.
+    #[x_kube(validation = Rule::new("self != ''").message("secret name must not be empty"))]
+    #[schemars(length(max = 253))]
+    pub name: String,
 }
 
 /// A reference to one key of a Secret in the ShardSet's namespace.
@@ -691,6 +781,14 @@ pub struct ShardSetStatus {
     /// Progress of a shard-count change, while one runs.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub resharding: Option<ReshardProgress>,
+
+    /// The mark the controller wrote into Redis with the routing table. A
+    /// routing table without it means Redis lost the set's state (a restart
+    /// without persistence, a flush): the controller then rewrites routing,
+    /// queue policies and lane pins and reports `RedisStateLost`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 64))]
+    pub redis_epoch: Option<String>,
 }
 
 /// One tenant's share of its queue's capacity.

@@ -163,6 +163,8 @@ struct Inner {
     /// Endpoint writes of this process, one at a time, so that the count
     /// check and the write of one PUT are not interleaved with another's.
     endpoint_writes: tokio::sync::Mutex<()>,
+    /// When the Redis eviction policy was last read, and what was wrong with it.
+    eviction: Mutex<Option<(Instant, Option<String>)>>,
 }
 
 impl Ingest {
@@ -175,6 +177,7 @@ impl Ingest {
                 metrics,
                 endpoints: Mutex::default(),
                 endpoint_writes: tokio::sync::Mutex::new(()),
+                eviction: Mutex::default(),
             }),
         }
     }
@@ -202,6 +205,7 @@ impl Ingest {
                 "cursor",
                 e.to_string(),
             )),
+            Ok(Err(e @ StoreError::RoutingMissing(_))) => Err(ApiError::unavailable(e.to_string())),
             Ok(Err(e)) => Err(ApiError::unavailable(format!("redis: {e}"))),
             Err(_) => Err(ApiError::unavailable(format!(
                 "redis did not answer within {:?}",
@@ -1465,6 +1469,11 @@ fn check_event_type(t: &str) -> Result<(), String> {
 /// and its hash shard if that differs (after a move back, or a pin).
 async fn tenant_queues(ingest: &Ingest, tenant: &str) -> Result<Vec<QueueId>, ApiError> {
     let table = ingest.redis(ingest.store().routing()).await?;
+    if !table.present() {
+        return Err(ApiError::unavailable(
+            StoreError::RoutingMissing(ingest.store().set().clone()).to_string(),
+        ));
+    }
     let now = table.route(tenant);
     let shard = crate::routing::hash_shard(tenant, table.shards);
     Ok(if now == shard {
@@ -1774,9 +1783,42 @@ pub fn router(ingest: Ingest) -> Router {
         .layer(axum::middleware::from_fn_with_state(counted, record))
 }
 
+/// How often `/readyz` reads the Redis eviction policy again.
+const EVICTION_CHECK: Duration = Duration::from_secs(10);
+
+/// Ready while Redis answers and keeps every key: under an evicting
+/// `maxmemory-policy` an accepted envelope (or its idempotency record) may
+/// be dropped, so this instance takes no traffic until the policy is fixed.
 async fn ready(State(ingest): State<Ingest>) -> Result<&'static str, ApiError> {
     ingest.redis(ingest.store().ping()).await?;
-    Ok("ok")
+    let cached = ingest
+        .inner
+        .eviction
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .clone()
+        .filter(|(at, _)| at.elapsed() < EVICTION_CHECK);
+    let problem = match cached {
+        Some((_, problem)) => problem,
+        None => {
+            // A Redis that cannot tell (neither CONFIG GET nor INFO) is not
+            // held against readiness: PING answered.
+            let problem = match ingest.redis(ingest.store().redis_settings()).await {
+                Ok(all) => all.iter().find_map(|s| s.eviction_problem()),
+                Err(_) => None,
+            };
+            *ingest
+                .inner
+                .eviction
+                .lock()
+                .unwrap_or_else(|e| e.into_inner()) = Some((Instant::now(), problem.clone()));
+            problem
+        }
+    };
+    match problem {
+        Some(p) => Err(ApiError::unavailable(format!("not ready: {p}"))),
+        None => Ok("ok"),
+    }
 }
 
 /// The methods metrics name; any other is counted as `other`, so that no

@@ -22,6 +22,11 @@
 //! it against half-moved keys, and the client retries until the migration
 //! of the slot is done (see `docs/architecture.md`, "Redis Cluster").
 
+mod durable;
+mod settings;
+
+pub use settings::{log_at_start as log_settings_at_start, worst as worst_settings, RedisSettings};
+
 use std::collections::BTreeMap;
 use std::fmt;
 use std::sync::LazyLock;
@@ -88,6 +93,10 @@ pub enum StoreError {
     InvalidEndpoint(InvalidEndpoint),
     #[error("invalid cursor: a dead-letter cursor is the `cursor` of a letter listed before (<ms>-<seq>)")]
     InvalidCursor,
+    #[error("stored on the Redis primary, but {acked} replicas acknowledged it within {timeout:?} (durability Replicated needs 1): it may be lost if the primary fails now; retry with the same id (a duplicate is stored once)")]
+    NotReplicated { acked: u32, timeout: Duration },
+    #[error("routing table missing for {0}: Redis holds no shard count for this ShardSet (it lost its state, or the controller has not written it yet); retry shortly")]
+    RoutingMissing(SetId),
     #[error("unexpected reply from the {script} script: {detail}")]
     Protocol {
         script: &'static str,
@@ -589,8 +598,8 @@ impl redis::aio::ConnectionLike for Conn {
 #[derive(Clone)]
 enum PubSubSource {
     Single(redis::Client),
-    /// The cluster's seed node URLs and the connection tuning.
-    Cluster(Vec<String>, ConnectOptions),
+    /// The cluster's seed node URLs, the connection tuning and the TLS material.
+    Cluster(Vec<String>, ConnectOptions, Option<RedisTls>),
 }
 
 /// The cluster client for `nodes`. Its retries follow redirects, TRYAGAIN
@@ -599,13 +608,100 @@ enum PubSubSource {
 fn cluster_builder(
     nodes: &[String],
     opts: &ConnectOptions,
+    tls: Option<&RedisTls>,
 ) -> redis::cluster::ClusterClientBuilder {
-    redis::cluster::ClusterClientBuilder::new(nodes.iter().map(String::as_str))
+    let builder = redis::cluster::ClusterClientBuilder::new(nodes.iter().map(String::as_str))
         .connection_timeout(opts.connect_timeout)
         .response_timeout(opts.response_timeout)
         .retries(15)
         .min_retry_wait(10)
-        .max_retry_wait(1000)
+        .max_retry_wait(1000);
+    match tls.and_then(RedisTls::certificates) {
+        Some(certs) => builder.certs(certs),
+        None => builder,
+    }
+}
+
+/// TLS material for `rediss://` and `rediss+cluster://`: a CA bundle to
+/// trust instead of the system roots, and a client certificate for a Redis
+/// that asks for one (`tls-auth-clients yes`). Both PEM. Without either,
+/// a `rediss://` URL verifies the server against the system roots.
+#[derive(Clone, Default, PartialEq, Eq, Hash)]
+pub struct RedisTls {
+    /// PEM certificates to trust (a Secret's `ca.crt`), instead of the system roots.
+    pub ca: Option<Vec<u8>>,
+    /// PEM client certificate chain and its PEM private key.
+    pub client: Option<(Vec<u8>, Vec<u8>)>,
+}
+
+impl fmt::Debug for RedisTls {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        // Never the key, and the certificates are noise in a log.
+        f.debug_struct("RedisTls")
+            .field("ca", &self.ca.as_ref().map(|c| c.len()))
+            .field("client_certificate", &self.client.is_some())
+            .finish()
+    }
+}
+
+impl RedisTls {
+    /// Read the CA and client certificate files given (`None`: not used).
+    /// A file that cannot be read, or holds no PEM block, is an error naming
+    /// the file and the setting.
+    pub fn from_files(
+        ca: Option<&std::path::Path>,
+        cert: Option<&std::path::Path>,
+        key: Option<&std::path::Path>,
+    ) -> std::result::Result<Option<Self>, String> {
+        let read = |what: &str, p: &std::path::Path| {
+            let bytes = std::fs::read(p)
+                .map_err(|e| format!("cannot read the Redis {what} {}: {e}", p.display()))?;
+            if !String::from_utf8_lossy(&bytes).contains("-----BEGIN ") {
+                return Err(format!(
+                    "the Redis {what} {} holds no PEM block (-----BEGIN ...)",
+                    p.display()
+                ));
+            }
+            Ok(bytes)
+        };
+        let ca = ca.map(|p| read("CA file", p)).transpose()?;
+        let client = match (cert, key) {
+            (Some(c), Some(k)) => Some((read("client certificate", c)?, read("client key", k)?)),
+            (None, None) => None,
+            (Some(_), None) => {
+                return Err(
+                    "a Redis client certificate needs its key (--redis-client-key-file)".into(),
+                )
+            }
+            (None, Some(_)) => {
+                return Err(
+                    "a Redis client key needs its certificate (--redis-client-cert-file)".into(),
+                )
+            }
+        };
+        Ok((ca.is_some() || client.is_some()).then_some(RedisTls { ca, client }))
+    }
+
+    fn certificates(&self) -> Option<redis::TlsCertificates> {
+        if self.ca.is_none() && self.client.is_none() {
+            return None;
+        }
+        Some(redis::TlsCertificates {
+            client_tls: self
+                .client
+                .as_ref()
+                .map(|(cert, key)| redis::ClientTlsConfig {
+                    client_cert: cert.clone(),
+                    client_key: key.clone(),
+                }),
+            root_cert: self.ca.clone(),
+        })
+    }
+}
+
+/// Is `url` a TLS URL (`rediss://` or `rediss+cluster://`)?
+pub fn is_tls_url(url: &str) -> bool {
+    url.starts_with("rediss://") || url.starts_with("rediss+cluster://")
 }
 
 /// The URL schemes that mean Redis Cluster.
@@ -678,6 +774,9 @@ pub struct Store {
     conn: Conn,
     lib: &'static Library,
     set: SetId,
+    /// The connection of `Replicated` enqueues and their `WAIT`s, opened on
+    /// first use (see [`durable`]).
+    durable: std::sync::Arc<durable::Durable>,
 }
 
 /// Connection tuning.
@@ -703,21 +802,48 @@ impl Store {
     /// `redis+cluster://` and `rediss+cluster://` URLs (see [`cluster_nodes`])
     /// connect to a Redis Cluster through its seed nodes.
     pub async fn connect(url: &str, set: SetId, opts: ConnectOptions) -> Result<Self> {
+        Self::connect_tls(url, set, opts, None).await
+    }
+
+    /// [`Store::connect`] with TLS material (a CA to trust instead of the
+    /// system roots, a client certificate); `url` must then be `rediss://`
+    /// or `rediss+cluster://`, or this is an error (a CA given for a
+    /// plain-text URL is a mistake, not something to ignore).
+    pub async fn connect_tls(
+        url: &str,
+        set: SetId,
+        opts: ConnectOptions,
+        tls: Option<RedisTls>,
+    ) -> Result<Self> {
+        let tls = tls.filter(|t| t.certificates().is_some());
+        if tls.is_some() && !is_tls_url(url) {
+            return Err(StoreError::Protocol {
+                script: "redis url",
+                detail: format!(
+                    "a Redis CA or client certificate is set but {} is not a rediss:// URL",
+                    redact(url)
+                ),
+            });
+        }
         if let Some(nodes) = cluster_nodes(url) {
             let nodes = nodes.map_err(|detail| StoreError::Protocol {
                 script: "redis url",
                 detail,
             })?;
-            let client = cluster_builder(&nodes, &opts).build()?;
+            let client = cluster_builder(&nodes, &opts, tls.as_ref()).build()?;
             let conn = client.get_async_connection().await?;
             return Ok(Self {
-                pubsub: PubSubSource::Cluster(nodes, opts),
+                pubsub: PubSubSource::Cluster(nodes, opts.clone(), tls),
                 conn: Conn::Cluster(conn),
                 lib: &CLUSTER_LIBRARY,
                 set,
+                durable: durable::Durable::new(opts),
             });
         }
-        let client = redis::Client::open(url)?;
+        let client = match tls.as_ref().and_then(RedisTls::certificates) {
+            Some(certs) => redis::Client::build_with_tls(url, certs)?,
+            None => redis::Client::open(url)?,
+        };
         let config = ConnectionManagerConfig::new()
             .set_connection_timeout(Some(opts.connect_timeout))
             .set_response_timeout(Some(opts.response_timeout))
@@ -728,6 +854,7 @@ impl Store {
             conn: Conn::Single(conn),
             lib: &LIBRARY,
             set,
+            durable: durable::Durable::new(opts),
         })
     }
 
@@ -800,6 +927,11 @@ impl Store {
                 "version" => {
                     table.version = v.parse().map_err(|_| bad(format!("version = {v:?}")))?
                 }
+                "epoch" => table.epoch = Some(v),
+                "replicated" => {
+                    let ms: u64 = v.parse().map_err(|_| bad(format!("replicated = {v:?}")))?;
+                    table.replicated = (ms > 0).then(|| Duration::from_millis(ms));
+                }
                 _ => {
                     if let Some(tenant) = k.strip_prefix("pin:") {
                         let q = v
@@ -822,6 +954,52 @@ impl Store {
             )
             .await?;
         Ok(int(&v))
+    }
+
+    /// Mark this Redis's state with `epoch` unless it is marked already;
+    /// returns the mark Redis holds. The controller writes it last when it
+    /// writes (or restores) a routing table, so a table without it is one
+    /// Redis lost.
+    pub async fn mark_epoch(&self, epoch: &str) -> Result<String> {
+        let mut conn = self.conn.clone();
+        let (_, held): (u8, String) = redis::pipe()
+            .atomic()
+            .cmd("HSETNX")
+            .arg(self.routing_key())
+            .arg("epoch")
+            .arg(epoch)
+            .cmd("HGET")
+            .arg(self.routing_key())
+            .arg("epoch")
+            .query_async(&mut conn)
+            .await?;
+        Ok(held)
+    }
+
+    /// Write the set's durability into its routing table, where producers
+    /// read it: `Some(timeout)` for `Replicated` (wait up to `timeout` for a
+    /// replica), `None` for `Fast`. Not a routing change: the version stays.
+    pub async fn set_durability(&self, replicated: Option<Duration>) -> Result<()> {
+        let ms = replicated.map(|d| d.as_millis().max(1) as u64).unwrap_or(0);
+        let mut conn = self.conn.clone();
+        redis::cmd("HSET")
+            .arg(self.routing_key())
+            .arg("replicated")
+            .arg(ms)
+            .query_async::<()>(&mut conn)
+            .await?;
+        Ok(())
+    }
+
+    /// Is the routing table there (a shard count written)? One HEXISTS,
+    /// cheap enough to poll.
+    pub async fn routing_present(&self) -> Result<bool> {
+        let mut conn = self.conn.clone();
+        Ok(redis::cmd("HEXISTS")
+            .arg(self.routing_key())
+            .arg("shards")
+            .query_async(&mut conn)
+            .await?)
     }
 
     /// Is Redis answering?
@@ -1406,12 +1584,12 @@ impl Store {
                 pubsub.subscribe(channel).await?;
                 Ok(pubsub.into_on_message().map(|_| ()).boxed())
             }
-            PubSubSource::Cluster(nodes, opts) => {
+            PubSubSource::Cluster(nodes, opts, tls) => {
                 // Sharded pub/sub (the cluster library SPUBLISHes): the
                 // cluster client sends SSUBSCRIBE to the node owning the
                 // channel's slot and passes messages on as RESP3 pushes.
                 let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
-                let client = cluster_builder(nodes, opts)
+                let client = cluster_builder(nodes, opts, tls.as_ref())
                     .use_protocol(redis::ProtocolVersion::RESP3)
                     .push_sender(tx)
                     .build()?;
@@ -2165,6 +2343,44 @@ pub fn with_password(url: &str, password: &str) -> std::result::Result<String, S
     Ok(u.to_string())
 }
 
+/// `url` with the ACL user `username` (a ShardSet's `spec.redis.username`),
+/// keeping any password: `redis://host` becomes `redis://user@host`, and a
+/// cluster URL carries the user once, for every node. Apply it before
+/// [`with_password`]. A user name that a URL cannot carry (empty, or a
+/// control character) is an error.
+pub fn with_username(url: &str, username: &str) -> std::result::Result<String, String> {
+    if username.is_empty() || username.chars().any(|c| c.is_control() || c == ' ') {
+        return Err(format!(
+            "redis username {username:?}: must be non-empty, without spaces or control characters"
+        ));
+    }
+    // Percent-encode the user name as a URL's userinfo wants it.
+    let mut encoder = url::Url::parse("redis://host").expect("a valid url");
+    encoder
+        .set_username(username)
+        .map_err(|_| format!("redis username {username:?} cannot be put in a URL"))?;
+    let encoded = encoder.username().to_string();
+    if let Some(nodes) = cluster_nodes(url) {
+        nodes?;
+        let (scheme, rest) = url.split_once("://").expect("a cluster url has a scheme");
+        let end = rest.find(['/', '?']).unwrap_or(rest.len());
+        let (authority, tail) = rest.split_at(end);
+        let (password, hosts) = match authority.rsplit_once('@') {
+            Some((u, h)) => (u.split_once(':').map(|(_, p)| p), h),
+            None => (None, authority),
+        };
+        let userinfo = match password {
+            Some(p) => format!("{encoded}:{p}@"),
+            None => format!("{encoded}@"),
+        };
+        return Ok(format!("{scheme}://{userinfo}{hosts}{tail}"));
+    }
+    let mut u = url::Url::parse(url).map_err(|e| format!("redis url {}: {e}", redact(url)))?;
+    u.set_username(username)
+        .map_err(|_| format!("redis url {} cannot carry a user name", redact(url)))?;
+    Ok(u.to_string())
+}
+
 /// Validate an envelope and encode it as stored.
 fn encode(env: &Envelope) -> Result<Vec<u8>> {
     env.validate()?;
@@ -2295,6 +2511,38 @@ mod tests {
             with_password("redis://r:6379/0", "x").unwrap(),
             "redis://:x@r:6379/0"
         );
+    }
+
+    #[test]
+    fn an_acl_user_name_goes_beside_the_password() {
+        let url = with_username("redis://r:6379/0", "lanekeeper").unwrap();
+        assert_eq!(url, "redis://lanekeeper@r:6379/0");
+        assert_eq!(
+            with_password(&url, "p@ss").unwrap(),
+            "redis://lanekeeper:p%40ss@r:6379/0"
+        );
+        let cluster = with_username("rediss+cluster://a:7000,b:7001/", "lk").unwrap();
+        assert_eq!(cluster, "rediss+cluster://lk@a:7000,b:7001/");
+        let both = with_password(&cluster, "pw").unwrap();
+        assert_eq!(both, "rediss+cluster://lk:pw@a:7000,b:7001/");
+        assert_eq!(
+            cluster_nodes(&both).unwrap().unwrap(),
+            vec!["rediss://lk:pw@a:7000", "rediss://lk:pw@b:7001"]
+        );
+        assert!(with_username("redis://r", "").is_err());
+        assert!(with_username("redis://r", "a b").is_err());
+        assert_eq!(redact(&both), "rediss+cluster://lk:***@a:7000,b:7001/");
+    }
+
+    #[test]
+    fn tls_material_is_never_printed() {
+        let tls = RedisTls {
+            ca: Some(b"-----BEGIN CERTIFICATE-----".to_vec()),
+            client: Some((b"cert".to_vec(), b"PRIVATE KEY BYTES".to_vec())),
+        };
+        let shown = format!("{tls:?}");
+        assert!(!shown.contains("PRIVATE"), "{shown}");
+        assert!(!shown.contains("BEGIN"), "{shown}");
     }
 
     #[test]

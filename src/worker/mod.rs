@@ -101,6 +101,10 @@ struct Shared {
     queue_label: String,
     /// Woken when a tenant becomes active in the queue (Redis pub/sub).
     wake: tokio::sync::Notify,
+    /// The set's routing table is in Redis. False while Redis has lost its
+    /// state and the controller has not restored it: the queue's policy is
+    /// gone too, so this worker leases nothing until it is back.
+    routing: watch::Sender<bool>,
 }
 
 /// Run the worker until `stop` turns true (SIGTERM), then drain: stop
@@ -137,6 +141,7 @@ pub async fn run(
         metrics,
         config,
         wake: tokio::sync::Notify::new(),
+        routing: watch::Sender::new(true),
     });
     info!(
         queue = %shared.config.queue,
@@ -185,9 +190,36 @@ pub async fn run(
     {
         let (shared, mut stop) = (shared.clone(), stop.clone());
         tasks.spawn(async move {
+            // Is the routing table there? Redis restarted empty (no
+            // persistence) or flushed: wait for the controller to restore it.
+            loop {
+                match shared.store.routing_present().await {
+                    Ok(present) => {
+                        let was = *shared.routing.borrow();
+                        if was && !present {
+                            warn!(set = %shared.store.set(), "the routing table is missing from Redis (Redis lost its state, or the set is new): not leasing until the controller writes it");
+                        } else if !was && present {
+                            info!(set = %shared.store.set(), "the routing table is back: leasing again");
+                        }
+                        shared.routing.send_replace(present);
+                    }
+                    Err(e) => warn!(error = %e, "cannot read the routing table; retrying"),
+                }
+                tokio::select! {
+                    _ = tokio::time::sleep(Duration::from_secs(1)) => {}
+                    _ = stop.wait_for(|v| *v) => return,
+                }
+            }
+        });
+    }
+    {
+        let (shared, mut stop) = (shared.clone(), stop.clone());
+        tasks.spawn(async move {
             // Reaper and retry promoter, so an idle queue still recovers.
             loop {
-                if let Err(e) = shared.store.maintain(shared.config.queue, 500).await {
+                if !*shared.routing.borrow() {
+                    // Nothing to reap in a Redis that lost its state.
+                } else if let Err(e) = shared.store.maintain(shared.config.queue, 500).await {
                     warn!(error = %e, "maintenance failed; retrying");
                 }
                 if let Ok(n) = shared.store.dead_letters_dropped(shared.config.queue).await {
@@ -248,6 +280,15 @@ async fn delivery_loop(
             None => {
                 if stopping() {
                     return;
+                }
+                if !*shared.routing.borrow() {
+                    let mut routing = shared.routing.subscribe();
+                    let mut stop = stop.clone();
+                    tokio::select! {
+                        _ = routing.wait_for(|present| *present) => {}
+                        _ = stop.wait_for(|v| *v) => {}
+                    }
+                    continue;
                 }
                 match shared.store.lease(q, &worker, lease_for).await {
                     Ok(o) => o,

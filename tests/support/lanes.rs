@@ -174,9 +174,36 @@ impl LaneEnv {
         worker_extra: &[&str],
         kubelet_shards: bool,
     ) -> LaneEnv {
+        let redis_url = super::redis::shared().url.clone();
+        Self::start_on(
+            cp,
+            prefix,
+            shards,
+            spec,
+            controller_args,
+            worker_extra,
+            kubelet_shards,
+            &redis_url,
+        )
+        .await
+    }
+
+    /// [`LaneEnv::start_opts`] on the Redis at `redis_url` (a dedicated one,
+    /// for a test that flushes or kills it).
+    #[allow(clippy::too_many_arguments)]
+    pub async fn start_on(
+        cp: &'static ControlPlane,
+        prefix: &str,
+        shards: u16,
+        spec: &str,
+        controller_args: &[&str],
+        worker_extra: &[&str],
+        kubelet_shards: bool,
+        redis_url: &str,
+    ) -> LaneEnv {
         let ns = cp.namespace(prefix);
         let set = "hooks".to_string();
-        let redis_url = super::redis::shared().url.clone();
+        let redis_url = redis_url.to_string();
         let manifest = format!(
             "apiVersion: lanekeeper.io/v1alpha1\nkind: ShardSet\nmetadata: {{name: {set}}}\nspec:\n  shards: {shards}\n  redis: {{url: \"{redis_url}\"}}\n{spec}"
         );

@@ -41,6 +41,18 @@ fn start() -> TestRedis {
 
 /// Start a redis-server on `port` (again, after `kill`).
 pub fn start_on(port: u16) -> TestRedis {
+    start_on_with(port, &[])
+}
+
+/// A Redis of its own started with `extra` settings (`--maxmemory-policy
+/// allkeys-lru`, `--tls-port ...`) after the defaults (no persistence), so
+/// they win. Its plain-text port answers the harness's PING.
+pub fn dedicated_with(extra: &[&str]) -> TestRedis {
+    start_on_with(process::free_port(), extra)
+}
+
+/// [`start_on`] with `extra` settings.
+pub fn start_on_with(port: u16, extra: &[&str]) -> TestRedis {
     let server = process::require_debian_program("redis-server", REDIS_PACKAGES);
     let dir = process::scratch_dir("redis");
     let log = dir.join("redis.log");
@@ -55,7 +67,8 @@ pub fn start_on(port: u16) -> TestRedis {
             "yes",
         ])
         .arg("--dir")
-        .arg(&dir);
+        .arg(&dir)
+        .args(extra);
     let pid = process::spawn_server(cmd, &log);
     process::wait_until("redis-server", Duration::from_secs(20), &log, pid, || {
         ping(port)
@@ -354,5 +367,147 @@ impl Drop for TestCluster {
                 let _ = process::wait_exit(n.pid, Duration::from_secs(10));
             }
         }
+    }
+}
+
+/// Run redis-cli against the plain-text port of `redis`; its stdout (and
+/// stderr, for error replies).
+pub fn cli(redis: &TestRedis, args: &[&str]) -> String {
+    let cli = process::require_program(
+        "redis-cli",
+        "install it with `apt-get install redis-tools` (the tests drive Redis with redis-cli)",
+    );
+    let out = Command::new(cli)
+        .args(["-h", "127.0.0.1", "-p", &redis.port.to_string()])
+        .args(args)
+        .output()
+        .expect("run redis-cli");
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    )
+}
+
+/// A test certificate authority, a server certificate for 127.0.0.1 and
+/// localhost, and a client certificate, made at test time (rcgen), as PEM
+/// files in a scratch directory.
+pub struct Pki {
+    pub dir: std::path::PathBuf,
+    pub ca: std::path::PathBuf,
+    pub server_cert: std::path::PathBuf,
+    pub server_key: std::path::PathBuf,
+    pub client_cert: std::path::PathBuf,
+    pub client_key: std::path::PathBuf,
+}
+
+impl Pki {
+    pub fn generate() -> Pki {
+        use rcgen::{
+            BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer,
+            KeyPair, KeyUsagePurpose,
+        };
+        let dir = process::scratch_dir("redis-pki");
+        let ca_key = KeyPair::generate().expect("CA key");
+        let mut ca = CertificateParams::new(Vec::<String>::new()).expect("CA params");
+        ca.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        ca.distinguished_name
+            .push(DnType::CommonName, "lanekeeper-test-redis-ca");
+        ca.key_usages = vec![
+            KeyUsagePurpose::KeyCertSign,
+            KeyUsagePurpose::CrlSign,
+            KeyUsagePurpose::DigitalSignature,
+        ];
+        let ca_cert = ca.self_signed(&ca_key).expect("self-sign the CA");
+        let issuer = Issuer::new(ca, ca_key);
+        let leaf = |names: Vec<String>, cn: &str, usage: ExtendedKeyUsagePurpose| {
+            let key = KeyPair::generate().expect("leaf key");
+            let mut p = CertificateParams::new(names).expect("leaf params");
+            p.distinguished_name.push(DnType::CommonName, cn);
+            p.extended_key_usages = vec![usage];
+            let cert = p.signed_by(&key, &issuer).expect("sign a leaf");
+            (cert.pem(), key.serialize_pem())
+        };
+        let (server_cert, server_key) = leaf(
+            vec!["127.0.0.1".into(), "localhost".into()],
+            "redis",
+            ExtendedKeyUsagePurpose::ServerAuth,
+        );
+        let (client_cert, client_key) = leaf(
+            Vec::new(),
+            "lanekeeper",
+            ExtendedKeyUsagePurpose::ClientAuth,
+        );
+        let write = |name: &str, body: &str| {
+            let path = dir.join(name);
+            std::fs::write(&path, body).expect("write a pki file");
+            path
+        };
+        Pki {
+            ca: write("ca.crt", &ca_cert.pem()),
+            server_cert: write("redis.crt", &server_cert),
+            server_key: write("redis.key", &server_key),
+            client_cert: write("client.crt", &client_cert),
+            client_key: write("client.key", &client_key),
+            dir,
+        }
+    }
+
+    /// The redis-server settings that serve TLS on `tls_port` with this
+    /// PKI; `clients`: `tls-auth-clients` (`yes`, `no` or `optional`).
+    pub fn server_args(&self, tls_port: u16, clients: &str) -> Vec<String> {
+        vec![
+            "--tls-port".into(),
+            tls_port.to_string(),
+            "--tls-cert-file".into(),
+            self.server_cert.display().to_string(),
+            "--tls-key-file".into(),
+            self.server_key.display().to_string(),
+            "--tls-ca-cert-file".into(),
+            self.ca.display().to_string(),
+            "--tls-auth-clients".into(),
+            clients.into(),
+        ]
+    }
+
+    pub fn tls(&self, client: bool) -> lanekeeper::store::RedisTls {
+        lanekeeper::store::RedisTls {
+            ca: Some(std::fs::read(&self.ca).unwrap()),
+            client: client.then(|| {
+                (
+                    std::fs::read(&self.client_cert).unwrap(),
+                    std::fs::read(&self.client_key).unwrap(),
+                )
+            }),
+        }
+    }
+}
+
+/// A Redis serving TLS on a port of its own (and plain text on `port`,
+/// for the harness), with `extra` settings.
+pub struct TlsRedis {
+    pub redis: TestRedis,
+    pub tls_port: u16,
+    pub pki: Pki,
+}
+
+impl TlsRedis {
+    pub fn start(clients: &str, extra: &[&str]) -> TlsRedis {
+        let pki = Pki::generate();
+        let tls_port = process::free_port();
+        let mut args: Vec<String> = pki.server_args(tls_port, clients);
+        args.extend(extra.iter().map(|s| s.to_string()));
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let redis = dedicated_with(&args);
+        TlsRedis {
+            redis,
+            tls_port,
+            pki,
+        }
+    }
+
+    /// `rediss://[userinfo@]127.0.0.1:<tls port>/`.
+    pub fn url(&self, userinfo: &str) -> String {
+        format!("rediss://{userinfo}127.0.0.1:{}/", self.tls_port)
     }
 }

@@ -88,6 +88,8 @@ app.kubernetes.io/component: {{ .component }}
 {{- $names := list }}
 {{- with .Values.redis.secretName }}{{ $names = append $names . }}{{ end }}
 {{- range .Values.redis.extraSecretNames }}{{ $names = append $names . }}{{ end }}
+{{- with .Values.redis.tls.caSecretName }}{{ $names = append $names . }}{{ end }}
+{{- with .Values.redis.tls.clientCertSecretName }}{{ $names = append $names . }}{{ end }}
 {{- toJson ($names | uniq) }}
 {{- end }}
 
