@@ -294,7 +294,41 @@ async fn the_readme_acl_is_all_ingest_workers_and_the_controller_need() {
         .tenant_stats(QueueId::Shard(0), Duration::from_secs(60))
         .await
         .unwrap();
-    store.dead_letters(QueueId::Shard(0), 10).await.unwrap();
+    // Dead letters (a stream per tenant, retention) and their replay.
+    store
+        .enqueue(QueueId::Shard(0), &support::dataplane::env("dl", 1))
+        .await
+        .unwrap();
+    if let LeaseOutcome::Leased(l) = store
+        .lease(QueueId::Shard(0), "w", Duration::from_secs(30))
+        .await
+        .unwrap()
+    {
+        store
+            .nack(
+                &l,
+                Duration::ZERO,
+                &lanekeeper::store::Failure::dead("gone"),
+            )
+            .await
+            .unwrap();
+    }
+    store
+        .dead_letters(QueueId::Shard(0), "dl", None, 10)
+        .await
+        .unwrap();
+    store
+        .replay_dead(QueueId::Shard(0), "dl", &[])
+        .await
+        .unwrap()
+        .unwrap();
+    store.maintain(QueueId::Shard(0), 32).await.unwrap();
+    store.dead_letters_dropped(QueueId::Shard(0)).await.unwrap();
+    // Lane moves and reshards take turns (the gate in the routing hash).
+    assert!(store.lane_move_begin(0, "lane").await.unwrap());
+    store.lane_move_end(0, "lane").await.unwrap();
+    assert_eq!(store.reshard_begin(&[]).await.unwrap(), Ok(()));
+    store.reshard_end().await.unwrap();
     // What the relocation phases and a reshard do.
     let (s0, l0) = (QueueId::Shard(0), QueueId::Lane(0));
     store
