@@ -46,12 +46,15 @@ pub enum Error {
     Undecodable { name: String, error: String },
 }
 
+/// What a Redis connection is for: URL (credentials in it), set, TLS material.
+type StoreKey = (String, SetId, Option<RedisTls>);
+
 /// Shared state of the reconcilers.
 pub struct Context {
     pub client: Client,
     reporter: Reporter,
     /// One Redis connection per (URL, set), reused across reconciles.
-    stores: Mutex<HashMap<(String, SetId, Option<RedisTls>), Store>>,
+    stores: Mutex<HashMap<StoreKey, Store>>,
     /// Per set, the store its last reconcile used (what [`watch_routing`] checks).
     current: Mutex<HashMap<SetId, Store>>,
     /// Consecutive failures per object, for bounded exponential backoff.
