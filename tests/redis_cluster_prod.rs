@@ -162,7 +162,10 @@ impl TlsCluster {
             pids.push(pid);
         }
         let addrs: Vec<String> = ports.iter().map(|p| format!("127.0.0.1:{p}")).collect();
-        let out = Command::new(&cli)
+        // Bounded: a bus that cannot handshake leaves redis-cli waiting forever.
+        let out = Command::new("timeout")
+            .arg("60")
+            .arg(&cli)
             .args(["--tls", "--cacert"])
             .arg(&pki.ca)
             .args(["--cluster", "create"])

@@ -420,23 +420,28 @@ impl Pki {
         ];
         let ca_cert = ca.self_signed(&ca_key).expect("self-sign the CA");
         let issuer = Issuer::new(ca, ca_key);
-        let leaf = |names: Vec<String>, cn: &str, usage: ExtendedKeyUsagePurpose| {
+        let leaf = |names: Vec<String>, cn: &str, usage: Vec<ExtendedKeyUsagePurpose>| {
             let key = KeyPair::generate().expect("leaf key");
             let mut p = CertificateParams::new(names).expect("leaf params");
             p.distinguished_name.push(DnType::CommonName, cn);
-            p.extended_key_usages = vec![usage];
+            p.extended_key_usages = usage;
             let cert = p.signed_by(&key, &issuer).expect("sign a leaf");
             (cert.pem(), key.serialize_pem())
         };
         let (server_cert, server_key) = leaf(
             vec!["127.0.0.1".into(), "localhost".into()],
             "redis",
-            ExtendedKeyUsagePurpose::ServerAuth,
+            // A cluster node is also a TLS client of the others (cluster bus,
+            // replication) with the same certificate.
+            vec![
+                ExtendedKeyUsagePurpose::ServerAuth,
+                ExtendedKeyUsagePurpose::ClientAuth,
+            ],
         );
         let (client_cert, client_key) = leaf(
             Vec::new(),
             "lanekeeper",
-            ExtendedKeyUsagePurpose::ClientAuth,
+            vec![ExtendedKeyUsagePurpose::ClientAuth],
         );
         let write = |name: &str, body: &str| {
             let path = dir.join(name);
