@@ -133,6 +133,11 @@ pub async fn run(
         .await?;
         info!(%bound, "serving /metrics and /healthz");
     }
+    // Before the first lease: is there a routing table to work for?
+    let present = store.routing_present().await.unwrap_or(true);
+    if !present {
+        warn!(set = %store.set(), "the routing table is missing from Redis (Redis lost its state, or the set is new): not leasing until the controller writes it");
+    }
     let shared = Arc::new(Shared {
         queue_label: config.queue.to_string(),
         store,
@@ -141,7 +146,7 @@ pub async fn run(
         metrics,
         config,
         wake: tokio::sync::Notify::new(),
-        routing: watch::Sender::new(true),
+        routing: watch::Sender::new(present),
     });
     info!(
         queue = %shared.config.queue,
