@@ -519,6 +519,13 @@ end
 -- hand, a bug): it cannot be delivered, and saying so beats losing it quietly.
 local MISSING = 'envelope record missing from the queue (evicted or deleted): nothing to deliver'
 
+-- A leased envelope whose record is gone: its tenant is settled as for a
+-- dead letter (slot freed, depth down) and the letter says why.
+local function dead_missing_lease(t, id, charged, used, now)
+  settle(t, charged, used, now, true, 'dead')
+  dead_letter(t, id, 0, MISSING, now, '', '')
+end
+
 -- Return envelopes to the head of their tenants' lanes in original (seq) order.
 -- `items` is a list of {tenant, seq, id}.
 local function return_to_head(items)
@@ -586,8 +593,7 @@ local function reap(now, limit)
       local ek, present = adopt(t, id)
       local used = (now - num(at, now)) * 1000
       if not present then
-        settle(t, c, used, now, true, 'dead')
-        dead_letter(t, id, 0, MISSING, now, '', '')
+        dead_missing_lease(t, id, c, used, now)
       else
         local m = redis.call('HMGET', ek, 's', 'p', 'ep')
         local a = redis.call('HINCRBY', ek, 'a', 1)

@@ -12,8 +12,7 @@ if not charged then return { 'STALE' } end
 local now = now_ms()
 local ek, present = adopt(t, id)
 if not present then
-  settle(t, charged, elapsed, now, true, 'dead')
-  dead_letter(t, id, 0, MISSING, now, '', '')
+  dead_missing_lease(t, id, charged, elapsed, now)
   return { 'DEAD', 0, 0, '' }
 end
 local m = redis.call('HMGET', ek, 'p', 'ep')

@@ -9,8 +9,7 @@ if not charged then return 'STALE' end
 local ek, present = adopt(t, id)
 if not present then
   local now = now_ms()
-  settle(t, charged, 0, now, true, 'dead')
-  dead_letter(t, id, 0, MISSING, now, '', '')
+  dead_missing_lease(t, id, charged, 0, now)
   return 'OK'
 end
 -- HINCRBYFLOAT, not HINCRBY: a deficit written by an older library version may be a fraction
