@@ -355,6 +355,107 @@ impl ControlPlane {
         extra: &[&str],
         env: &[(&str, &str)],
     ) -> (u32, PathBuf) {
+        self.spawn_controller_as(&self.kubeconfig, ns, extra, env)
+    }
+
+    /// Start `lanekeeper controller` for `ns` under ServiceAccount
+    /// `ns/lanekeeper-controller`, with exactly the rights the chart and
+    /// `config/rbac` give it: the `lanekeeper-controller` ClusterRole (bound
+    /// in `ns` only) and the leader-election Role. Returns the pid and log.
+    pub fn spawn_controller_with_rbac(
+        &self,
+        ns: &str,
+        extra: &[&str],
+        env: &[(&str, &str)],
+    ) -> (u32, PathBuf) {
+        let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+        self.kubectl_ok(&[
+            "apply",
+            "-f",
+            &root.join("config/rbac/role.yaml").display().to_string(),
+        ]);
+        let election =
+            std::fs::read_to_string(root.join("config/components/leader-election/role.yaml"))
+                .expect("read the leader-election Role")
+                .replace("namespace: lanekeeper-system", &format!("namespace: {ns}"));
+        self.kubectl_stdin(&["apply", "-n", ns, "-f", "-"], &election);
+        let kubeconfig = self.service_account_kubeconfig(ns, "lanekeeper-controller");
+        self.kubectl_ok(&[
+            "create",
+            "rolebinding",
+            "lanekeeper-controller",
+            "-n",
+            ns,
+            "--clusterrole=lanekeeper-controller",
+            &format!("--serviceaccount={ns}:lanekeeper-controller"),
+        ]);
+        self.spawn_controller_as(&kubeconfig, ns, extra, env)
+    }
+
+    /// A kubeconfig for ServiceAccount `ns/name` (created if it is missing),
+    /// with a token the API server issued for it (TokenRequest, one day).
+    pub fn service_account_kubeconfig(&self, ns: &str, name: &str) -> PathBuf {
+        let exists = self
+            .kubectl()
+            .args(["get", "serviceaccount", name, "-n", ns])
+            .output()
+            .expect("run kubectl")
+            .status
+            .success();
+        if !exists {
+            self.kubectl_ok(&["create", "serviceaccount", name, "-n", ns]);
+        }
+        let token = self.kubectl_ok(&["create", "token", name, "-n", ns, "--duration=24h"]);
+        write_kubeconfig(
+            &self.dir,
+            &format!("{ns}-{name}"),
+            &self.server,
+            &self.dir.join("pki/ca.crt"),
+            token.trim(),
+        )
+    }
+
+    /// The attacker of the RBAC tests: ServiceAccount `ns/shardset-author`,
+    /// who may do anything to ShardSets and DedicatedLanes in `ns` and read
+    /// Deployments, pods and Events there, but may not create pods or
+    /// Deployments and may not read Secrets. Returns her kubeconfig (use it
+    /// with [`Self::kubectl_as`]).
+    pub fn shardset_author(&self, ns: &str) -> PathBuf {
+        let role = format!(
+            "apiVersion: rbac.authorization.k8s.io/v1\nkind: Role\nmetadata:\n  name: shardset-author\n  namespace: {ns}\n\
+             rules:\n\
+             - apiGroups: [lanekeeper.io]\n  resources: [shardsets, dedicatedlanes]\n  verbs: ['*']\n\
+             - apiGroups: ['', apps, events.k8s.io]\n  resources: [pods, deployments, replicasets, events]\n  verbs: [get, list, watch]\n"
+        );
+        self.kubectl_stdin(&["apply", "-f", "-"], &role);
+        let kubeconfig = self.service_account_kubeconfig(ns, "shardset-author");
+        self.kubectl_ok(&[
+            "create",
+            "rolebinding",
+            "shardset-author",
+            "-n",
+            ns,
+            "--role=shardset-author",
+            &format!("--serviceaccount={ns}:shardset-author"),
+        ]);
+        kubeconfig
+    }
+
+    /// `kubectl` bound to another identity's kubeconfig.
+    pub fn kubectl_as(&self, kubeconfig: &Path) -> Command {
+        let mut cmd = Command::new("kubectl");
+        cmd.arg(format!("--kubeconfig={}", kubeconfig.display()));
+        cmd
+    }
+
+    /// Start `lanekeeper controller` for `ns` with the identity of `kubeconfig`.
+    pub fn spawn_controller_as(
+        &self,
+        kubeconfig: &Path,
+        ns: &str,
+        extra: &[&str],
+        env: &[(&str, &str)],
+    ) -> (u32, PathBuf) {
         let dir = process::scratch_dir("controller");
         let log = dir.join("controller.log");
         let mut cmd = Command::new(super::process::lanekeeper_bin());
@@ -364,7 +465,7 @@ impl ControlPlane {
                 "--metrics-addr",
                 &format!("127.0.0.1:{}", process::free_port()),
             ])
-            .env("KUBECONFIG", &self.kubeconfig)
+            .env("KUBECONFIG", kubeconfig)
             .env("RUST_LOG", "info");
         for (k, v) in env {
             cmd.env(k, v);
