@@ -321,6 +321,28 @@ spec:
         );
     }
 
+    // A drain timeout so short that every move aborts at once and records
+    // an Event (issue 25: `1ns` made 2,695 Events a minute for one lane).
+    let err = rejected(
+        cp,
+        &ns,
+        r#"
+apiVersion: lanekeeper.io/v1alpha1
+kind: ShardSet
+metadata: {name: storm}
+spec:
+  shards: 1
+  redis: {url: "redis://redis:6379/0"}
+  worker: {image: "lanekeeper:dev"}
+  relocation: {drainTimeout: 1ns}
+"#,
+    );
+    assert!(
+        err.contains("spec.relocation.drainTimeout")
+            && err.contains("relocation.drainTimeout must be at least 1s"),
+        "{err}"
+    );
+
     // A name that would make Deployment names too long for their labels.
     let err = rejected(
         cp,
@@ -392,6 +414,24 @@ spec: {shardSet: webhooks, tenant: "two words"}
         "apiVersion: lanekeeper.io/v1alpha1\nkind: DedicatedLane\nmetadata: {name: whale}\nspec: {shardSet: webhooks, tenant: whale-2}\n",
     );
     assert!(err.contains("tenant is immutable"), "{err}");
+
+    // Names long enough that Events about the lane could not be named
+    // (issue 25: `<name>.<16 hex>` must fit 253 characters).
+    let err = rejected(
+        cp,
+        &ns,
+        &format!(
+            "apiVersion: lanekeeper.io/v1alpha1\nkind: DedicatedLane\nmetadata: {{name: {}}}\nspec: {{shardSet: webhooks, tenant: long}}\n",
+            "l".repeat(231)
+        ),
+    );
+    assert!(
+        err.contains("metadata.name must be at most 230 characters"),
+        "{err}"
+    );
+    // The longest name the promotion controller makes passes the rule.
+    let longest = lanekeeper::controller::promotion::lane_name(&"s".repeat(52), &"T".repeat(300));
+    assert!(longest.len() <= 230, "{} characters", longest.len());
 }
 
 #[tokio::test]

@@ -55,6 +55,8 @@ pub const FINALIZER: &str = "lanekeeper.io/relocation";
 pub const CRASH_HOOK_ENV: &str = "LANEKEEPER_TEST_CRASH_AFTER_PHASE";
 /// Longest pause between two drain attempts after `DrainTimeout`s.
 pub const MAX_DRAIN_BACKOFF: Duration = Duration::from_secs(600);
+/// Shortest pause between two drain attempts: each abort records an Event.
+pub const MIN_DRAIN_BACKOFF: Duration = Duration::from_secs(5);
 
 /// How often a lane in motion is looked at again.
 const POLL: Duration = Duration::from_millis(250);
@@ -145,10 +147,13 @@ pub fn drain_verdict(
 }
 
 /// Wait before drain attempt `attempts + 1`: the drain timeout, doubling per
-/// aborted attempt, at most [`MAX_DRAIN_BACKOFF`]. Pure.
+/// aborted attempt, at least [`MIN_DRAIN_BACKOFF`] and at most
+/// [`MAX_DRAIN_BACKOFF`]. Pure.
 pub fn drain_backoff(timeout: Duration, attempts: i32) -> Duration {
     let factor = 2u32.saturating_pow(attempts.saturating_sub(1).clamp(0, 16) as u32);
-    timeout.saturating_mul(factor).min(MAX_DRAIN_BACKOFF)
+    timeout
+        .saturating_mul(factor)
+        .clamp(MIN_DRAIN_BACKOFF, MAX_DRAIN_BACKOFF)
 }
 
 /// Does this move go onto a lane (promotion) or back to a shard (retirement)?
@@ -719,7 +724,7 @@ async fn reconcile(cached: &DedicatedLane, ctx: &Context) -> Result<Action, Lane
 }
 
 async fn step_until_wait(io: &mut Io<'_>) -> Result<Action, LaneError> {
-    let drain_timeout: Duration = io.set.spec.relocation.drain_timeout.into();
+    let drain_timeout = io.set.spec.relocation.drain_timeout();
     for _ in 0..32 {
         let deleting = io.lane.metadata.deletion_timestamp.is_some();
         let want_out = deleting || io.lane.spec.retire;
@@ -1259,6 +1264,10 @@ mod tests {
         assert_eq!(drain_backoff(timeout, 2), Duration::from_secs(20));
         assert_eq!(drain_backoff(timeout, 3), Duration::from_secs(40));
         assert_eq!(drain_backoff(timeout, 30), MAX_DRAIN_BACKOFF);
+        // A tiny timeout (stored before the CEL floor) still waits the floor.
+        let tiny = Duration::from_nanos(1);
+        assert_eq!(drain_backoff(tiny, 1), MIN_DRAIN_BACKOFF);
+        assert_eq!(drain_backoff(tiny, 40), MIN_DRAIN_BACKOFF);
     }
 
     #[test]

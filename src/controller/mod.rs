@@ -634,7 +634,7 @@ async fn run_reshard(
         memory,
         keep,
         lane_tenants,
-        set.spec.relocation.drain_timeout.into(),
+        set.spec.relocation.drain_timeout(),
         set.spec.relocation.max_concurrent_moves.max(1) as usize,
     )
     .await?;

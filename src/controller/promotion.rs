@@ -196,7 +196,8 @@ pub fn lane_name(set: &str, tenant: &str) -> String {
         })
         .collect();
     let clean = clean.trim_matches('-');
-    let mut clean: String = clean.chars().take(180).collect();
+    // <set (at most 52)>-<160>-<8 hex>: within the CEL bound of 230.
+    let mut clean: String = clean.chars().take(160).collect();
     if clean != tenant || clean.is_empty() {
         let h = crate::routing::score(tenant, QueueId::Lane(0));
         clean = format!("{}-{:08x}", clean.trim_end_matches('-'), h as u32);

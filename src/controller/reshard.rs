@@ -157,7 +157,7 @@ pub fn next_step(
 pub fn retry_wait(timeout: Duration, attempts: u32) -> Duration {
     timeout
         .saturating_mul(2u32.saturating_pow(attempts.saturating_sub(1)))
-        .min(MAX_RETRY_WAIT)
+        .clamp(super::lane::MIN_DRAIN_BACKOFF, MAX_RETRY_WAIT)
 }
 
 /// What this controller process remembers of one move (lost on restart,
@@ -580,5 +580,9 @@ mod tests {
         assert_eq!(retry_wait(t, 1), t);
         assert_eq!(retry_wait(t, 2), 2 * t);
         assert_eq!(retry_wait(t, 10), MAX_RETRY_WAIT);
+        assert_eq!(
+            retry_wait(Duration::from_nanos(1), 3),
+            super::super::lane::MIN_DRAIN_BACKOFF
+        );
     }
 }

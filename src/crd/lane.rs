@@ -17,6 +17,7 @@ use super::WorkerOverrides;
     namespaced,
     status = "DedicatedLaneStatus",
     derive = "PartialEq",
+    validation = Rule::new("self.metadata.name.size() <= 230").message("metadata.name must be at most 230 characters: Events about the lane are named <name>.<16 hex digits> and an object name may have at most 253"),
     doc = "A DedicatedLane moves one hot tenant of a ShardSet onto a worker Deployment of its own (`<set>-lane-<i>`), with pause, drain and repin so the tenant's order holds. The promotion controller creates them; you may too, for a known whale.",
     printcolumn(
         name = "ShardSet",

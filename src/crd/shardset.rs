@@ -695,6 +695,7 @@ pub struct RelocationSpec {
     #[serde(default = "default_drain_timeout")]
     #[x_kube(validation = Rule::new(super::DURATION_SYNTAX).message("relocation.drainTimeout must be a duration such as 120s"))]
     #[x_kube(validation = Rule::new(super::DURATION_POSITIVE).message("relocation.drainTimeout must be positive"))]
+    #[x_kube(validation = Rule::new("!self.matches('^([0-9]+(\\\\.[0-9]+)?(ns|us|ms|s|m|h))+$') || duration(self) >= duration('1s')").message("relocation.drainTimeout must be at least 1s: every timeout aborts the move, records an Event and retries"))]
     #[schemars(length(max = 32))]
     pub drain_timeout: Duration,
 
@@ -703,6 +704,17 @@ pub struct RelocationSpec {
     #[serde(default = "default_max_concurrent_moves")]
     #[x_kube(validation = Rule::new("self >= 1 && self <= 64").message("relocation.maxConcurrentMoves must be between 1 and 64"))]
     pub max_concurrent_moves: i32,
+}
+
+/// The shortest drain timeout the controller uses, whatever a stored object
+/// says (objects stored before the CEL floor keep their value).
+pub const MIN_DRAIN_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(1);
+
+impl RelocationSpec {
+    /// `drainTimeout`, at least [`MIN_DRAIN_TIMEOUT`].
+    pub fn drain_timeout(&self) -> std::time::Duration {
+        std::time::Duration::from(self.drain_timeout).max(MIN_DRAIN_TIMEOUT)
+    }
 }
 
 fn default_drain_timeout() -> Duration {
