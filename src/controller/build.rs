@@ -69,6 +69,14 @@ pub fn shard_deployments(set: &ShardSet) -> Result<Vec<Deployment>, BuildError> 
 
 /// The shard Deployments of `set`, for at least `keep` shards: during a
 /// reshard the shards beyond `spec.shards` stay until everyone has left them.
+/// A digest of the object the controller would apply: equal digests mean
+/// an apply would send the same request. Pure.
+pub fn digest(d: &Deployment) -> [u8; 32] {
+    use sha2::Digest;
+    let bytes = serde_json::to_vec(d).expect("a Deployment serializes");
+    sha2::Sha256::digest(bytes).into()
+}
+
 pub fn shard_deployments_upto(set: &ShardSet, keep: u16) -> Result<Vec<Deployment>, BuildError> {
     let shards = set.spec.shards;
     if !(1..=1024).contains(&shards) {

@@ -31,7 +31,7 @@ use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams};
 use kube::core::DeserializeGuard;
 use kube::runtime::controller::{Action, Controller};
-use kube::runtime::events::{Event, EventType, Recorder};
+use kube::runtime::events::EventType;
 use kube::runtime::watcher;
 use kube::{Resource, ResourceExt};
 use tracing::{info, warn};
@@ -498,17 +498,9 @@ impl Io<'_> {
     }
 
     async fn event(&self, type_: EventType, reason: &str, note: String) {
-        let recorder = Recorder::new(self.ctx.client.clone(), self.ctx.reporter.clone());
-        let event = Event {
-            type_,
-            reason: reason.to_string(),
-            note: Some(note),
-            action: "Relocate".to_string(),
-            secondary: None,
-        };
-        if let Err(e) = recorder.publish(&event, &self.lane.object_ref(&())).await {
-            warn!(error = %e, "cannot record an event");
-        }
+        self.ctx
+            .event(&self.lane.object_ref(&()), type_, reason, "Relocate", note)
+            .await;
     }
 
     async fn apply_deployment(&self, index: i32) -> Result<(), LaneError> {

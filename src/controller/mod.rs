@@ -52,13 +52,19 @@ type StoreKey = (String, SetId, Option<RedisTls>);
 /// Shared state of the reconcilers.
 pub struct Context {
     pub client: Client,
-    reporter: Reporter,
+    /// The one Event recorder: kube-runtime aggregates a repeated Event
+    /// (same object, reason and note) into a series only within one
+    /// Recorder, so a Recorder per Event would make every repeat a new Event.
+    recorder: Recorder,
     /// One Redis connection per (URL, set, TLS files), reused across reconciles.
     stores: Mutex<HashMap<StoreKey, Store>>,
     /// Per set, the store its last reconcile used (what [`watch_routing`] checks).
     current: Mutex<HashMap<SetId, Store>>,
     /// Consecutive failures per object, for bounded exponential backoff.
     failures: Mutex<HashMap<ObjectRef<ShardSet>, u32>>,
+    /// What this process last applied to each shard Deployment, so an
+    /// unchanged one is not applied again at every resync.
+    applied: Mutex<HashMap<(String, String), Applied>>,
     /// Lane indexes are handed out one at a time.
     admission: tokio::sync::Mutex<()>,
     /// Per set: the reshard under way, as this process last decided it.
@@ -69,14 +75,82 @@ pub struct Context {
 impl Context {
     pub fn new(client: Client, metrics: crate::telemetry::ControllerMetrics) -> Self {
         Self {
+            recorder: Recorder::new(client.clone(), Reporter::from(FIELD_MANAGER)),
             client,
-            reporter: Reporter::from(FIELD_MANAGER),
             stores: Mutex::default(),
             current: Mutex::default(),
             failures: Mutex::default(),
+            applied: Mutex::default(),
             admission: tokio::sync::Mutex::new(()),
             reshards: Mutex::default(),
             metrics,
+        }
+    }
+}
+
+/// One apply of a Deployment, as the API server answered it.
+#[derive(Clone, Debug)]
+struct Applied {
+    digest: [u8; 32],
+    uid: Option<String>,
+    generation: Option<i64>,
+    at: Instant,
+}
+
+/// An unchanged Deployment is applied again after this long anyway, which
+/// restores a field someone changed without bumping its generation (labels,
+/// annotations).
+const REAPPLY_AFTER: Duration = Duration::from_secs(600);
+
+impl Applied {
+    /// Would applying `digest` over `seen` (from a list just now) change
+    /// nothing? True when this process applied exactly that object, and the
+    /// Deployment is still the one it answered (same uid) with no spec change
+    /// since (same generation), within [`REAPPLY_AFTER`]. Pure.
+    fn covers(&self, digest: &[u8; 32], seen: &Deployment, now: Instant) -> bool {
+        self.digest == *digest
+            && seen.metadata.uid.is_some()
+            && self.uid == seen.metadata.uid
+            && self.generation == seen.metadata.generation
+            && now.duration_since(self.at) < REAPPLY_AFTER
+    }
+}
+
+impl Context {
+    fn applied_memo(&self, key: &(String, String)) -> Option<Applied> {
+        let memo = self.applied.lock().unwrap_or_else(|e| e.into_inner());
+        memo.get(key).cloned()
+    }
+
+    fn remember_applied(&self, key: (String, String), applied: Applied) {
+        let mut memo = self.applied.lock().unwrap_or_else(|e| e.into_inner());
+        memo.insert(key, applied);
+    }
+
+    fn forget_applied(&self, key: &(String, String)) {
+        let mut memo = self.applied.lock().unwrap_or_else(|e| e.into_inner());
+        memo.remove(key);
+    }
+
+    /// Record an Event about `object` through the shared recorder (repeats
+    /// aggregate); a failure to record is logged, never the reconcile's.
+    pub(crate) async fn event(
+        &self,
+        object: &k8s_openapi::api::core::v1::ObjectReference,
+        type_: EventType,
+        reason: &str,
+        action: &str,
+        note: String,
+    ) {
+        let event = Event {
+            type_,
+            reason: reason.to_string(),
+            note: Some(note.chars().take(1000).collect()),
+            action: action.to_string(),
+            secondary: None,
+        };
+        if let Err(e) = self.recorder.publish(&event, object).await {
+            warn!(error = %e, reason, "cannot record an event");
         }
     }
 }
@@ -306,7 +380,7 @@ async fn reconcile_inner(set: &ShardSet, ctx: &Context) -> Result<Action, Error>
     let ns = set.namespace().unwrap_or_default();
     let deployments: Api<Deployment> = Api::namespaced(ctx.client.clone(), &ns);
     let sets: Api<ShardSet> = Api::namespaced(ctx.client.clone(), &ns);
-    let lane_api: Api<DedicatedLane> = Api::namespaced(ctx.client.clone(), &ns);
+    let lane_api: Api<DeserializeGuard<DedicatedLane>> = Api::namespaced(ctx.client.clone(), &ns);
 
     // validate (pure)
     if let Err(e) = shard_deployments_upto(set, 0) {
@@ -325,7 +399,21 @@ async fn reconcile_inner(set: &ShardSet, ctx: &Context) -> Result<Action, Error>
         .map(|n| n + 1)
         .max()
         .unwrap_or(0);
-    let all_lanes = lane_api.list(&ListParams::default()).await?.items;
+    // Guarded: one DedicatedLane this version cannot decode must not stop
+    // every set of its namespace (the lane reconciler reports it on the lane).
+    let all_lanes: Vec<DedicatedLane> = lane_api
+        .list(&ListParams::default())
+        .await?
+        .items
+        .into_iter()
+        .filter_map(|l| match l.0 {
+            Ok(lane) => Some(lane),
+            Err(e) => {
+                warn!(set = %name, error = %e, "skipping a DedicatedLane that cannot be decoded");
+                None
+            }
+        })
+        .collect();
     let lane_names: Vec<String> = all_lanes
         .iter()
         .filter(|l| l.spec.shard_set == name)
@@ -371,17 +459,14 @@ async fn reconcile_inner(set: &ShardSet, ctx: &Context) -> Result<Action, Error>
                     warn!(set = %name, "{what}");
                     // Whatever the reshard had planned lived in that Redis.
                     memory.set.progress = None;
-                    let recorder = Recorder::new(ctx.client.clone(), ctx.reporter.clone());
-                    let event = Event {
-                        type_: EventType::Warning,
-                        reason: "RedisStateLost".into(),
-                        note: Some(what.chars().take(1000).collect()),
-                        action: "Restore".into(),
-                        secondary: None,
-                    };
-                    if let Err(e) = recorder.publish(&event, &set.object_ref(&())).await {
-                        warn!(error = %e, "cannot record an event");
-                    }
+                    ctx.event(
+                        &set.object_ref(&()),
+                        EventType::Warning,
+                        "RedisStateLost",
+                        "Restore",
+                        what.clone(),
+                    )
+                    .await;
                     restored = Some(what);
                 }
                 if table.epoch.is_none() {
@@ -427,10 +512,33 @@ async fn reconcile_inner(set: &ShardSet, ctx: &Context) -> Result<Action, Error>
     let params = PatchParams::apply(FIELD_MANAGER).force();
     // What the API server returns from each apply: the Deployments as they
     // are now (a new generation not yet rolled out is not available).
+    // An unchanged Deployment (what this process applied last, same uid and
+    // generation) is not sent again: an idle set costs its lists and nothing
+    // more per resync.
     let mut applied = Vec::with_capacity(wanted.len());
     for d in &wanted {
         let dname = d.metadata.name.clone().unwrap_or_default();
-        applied.push(deployments.patch(&dname, &params, &Patch::Apply(d)).await?);
+        let key = (ns.clone(), dname.clone());
+        let digest = build::digest(d);
+        let seen = existing.items.iter().find(|e| e.name_any() == dname);
+        let memo = ctx.applied_memo(&key);
+        if let (Some(seen), Some(memo)) = (seen, memo) {
+            if memo.covers(&digest, seen, Instant::now()) {
+                applied.push(seen.clone());
+                continue;
+            }
+        }
+        let out = deployments.patch(&dname, &params, &Patch::Apply(d)).await?;
+        ctx.remember_applied(
+            key,
+            Applied {
+                digest,
+                uid: out.metadata.uid.clone(),
+                generation: out.metadata.generation,
+                at: Instant::now(),
+            },
+        );
+        applied.push(out);
     }
     let wanted_names: Vec<String> = wanted
         .iter()
@@ -443,6 +551,7 @@ async fn reconcile_inner(set: &ShardSet, ctx: &Context) -> Result<Action, Error>
             deployments
                 .delete(&dname, &DeleteParams::background())
                 .await?;
+            ctx.forget_applied(&(ns.clone(), dname));
         }
     }
     // Readiness counts the shards the spec asks for.
@@ -495,7 +604,7 @@ async fn reconcile_inner(set: &ShardSet, ctx: &Context) -> Result<Action, Error>
     let moving =
         st.resharding.is_some() || view.waiting_for_shards || !view.waiting_for_lanes.is_empty();
     write_status(&sets, set, ctx, st).await?;
-    record_lanes(set, ctx).await;
+    record_lanes(set, &all_lanes, ctx);
     Ok(if moving {
         Action::requeue(RESHARD_POLL)
     } else if ready {
@@ -653,20 +762,17 @@ async fn run_reshard(
         store.reshard_end().await?;
         // The condition may be True for less than a watch round trip (idle
         // tenants move in one pass): say what happened in an Event too.
-        let recorder = Recorder::new(ctx.client.clone(), ctx.reporter.clone());
-        let event = Event {
-            type_: EventType::Normal,
-            reason: "Resharded".into(),
-            note: Some(format!(
+        ctx.event(
+            &set.object_ref(&()),
+            EventType::Normal,
+            "Resharded",
+            "Reshard",
+            format!(
                 "resharded from {} to {} shards: moved {} of {} tenants",
                 done.from_shards, done.to_shards, done.moved, done.to_move
-            )),
-            action: "Reshard".into(),
-            secondary: None,
-        };
-        if let Err(e) = recorder.publish(&event, &set.object_ref(&())).await {
-            warn!(error = %e, "cannot record an event");
-        }
+            ),
+        )
+        .await;
     }
     view.progress = pass.progress;
     view.draining = pass.draining;
@@ -850,21 +956,20 @@ async fn write_status(
 ) -> Result<(), Error> {
     let before = set.status.clone().unwrap_or_default();
     for t in status::transitions(&before, &st) {
-        let recorder = Recorder::new(ctx.client.clone(), ctx.reporter.clone());
-        let event = Event {
-            type_: if t.warning {
-                EventType::Warning
-            } else {
-                EventType::Normal
-            },
-            reason: t.reason,
-            note: Some(t.note),
-            action: format!("{}Changed", t.type_),
-            secondary: None,
+        let type_ = if t.warning {
+            EventType::Warning
+        } else {
+            EventType::Normal
         };
-        if let Err(e) = recorder.publish(&event, &set.object_ref(&())).await {
-            warn!(error = %e, "cannot record an event");
-        }
+        let action = format!("{}Changed", t.type_);
+        ctx.event(&set.object_ref(&()), type_, &t.reason, &action, t.note)
+            .await;
+    }
+    ctx.metrics
+        .record_status(&set.namespace().unwrap_or_default(), &set.name_any(), &st);
+    if set.status.as_ref() == Some(&st) {
+        // Nothing to say: an idle set writes no status.
+        return Ok(());
     }
     let patch = serde_json::json!({
         "apiVersion": "lanekeeper.io/v1alpha1",
@@ -877,28 +982,16 @@ async fn write_status(
         &Patch::Apply(&patch),
     )
     .await?;
-    ctx.metrics
-        .record_status(&set.namespace().unwrap_or_default(), &set.name_any(), &st);
     Ok(())
 }
 
-/// Export the phase and conditions of the set's DedicatedLanes. A failure
-/// only costs the metrics of this round, never the reconcile.
-async fn record_lanes(set: &ShardSet, ctx: &Context) {
+/// Export the phase and conditions of the set's DedicatedLanes (from the
+/// reconcile's own list: no second LIST).
+fn record_lanes(set: &ShardSet, all_lanes: &[DedicatedLane], ctx: &Context) {
     let ns = set.namespace().unwrap_or_default();
     let name = set.name_any();
-    let lanes: Api<DeserializeGuard<DedicatedLane>> = Api::namespaced(ctx.client.clone(), &ns);
-    let list = match lanes.list(&ListParams::default()).await {
-        Ok(list) => list,
-        Err(e) => {
-            warn!(set = %name, error = %e, "cannot list DedicatedLanes for metrics");
-            return;
-        }
-    };
-    let views: Vec<crate::telemetry::LaneView> = list
-        .items
+    let views: Vec<crate::telemetry::LaneView> = all_lanes
         .iter()
-        .filter_map(|l| l.0.as_ref().ok())
         .filter(|l| l.spec.shard_set == name)
         .map(|l| {
             let status = l.status.clone().unwrap_or_default();
@@ -915,4 +1008,38 @@ async fn record_lanes(set: &ShardSet, ctx: &Context) {
         })
         .collect();
     ctx.metrics.record_lanes(&ns, &name, &views);
+}
+
+#[cfg(test)]
+mod applied_tests {
+    use super::*;
+
+    fn seen(uid: &str, generation: i64) -> Deployment {
+        let mut d = Deployment::default();
+        d.metadata.uid = Some(uid.into());
+        d.metadata.generation = Some(generation);
+        d
+    }
+
+    #[test]
+    fn an_apply_is_skipped_only_for_the_same_object_uid_and_generation_recently() {
+        let now = Instant::now();
+        let memo = Applied {
+            digest: [1; 32],
+            uid: Some("u1".into()),
+            generation: Some(3),
+            at: now,
+        };
+        assert!(memo.covers(&[1; 32], &seen("u1", 3), now));
+        // The controller wants something else now.
+        assert!(!memo.covers(&[2; 32], &seen("u1", 3), now));
+        // Someone changed the spec (kubectl scale, edit): generation moved.
+        assert!(!memo.covers(&[1; 32], &seen("u1", 4), now));
+        // Deleted and recreated by someone else under the same name.
+        assert!(!memo.covers(&[1; 32], &seen("u2", 3), now));
+        // Metadata edits do not move the generation: re-applied after a while.
+        assert!(!memo.covers(&[1; 32], &seen("u1", 3), now + REAPPLY_AFTER));
+        // A listed object without a uid proves nothing.
+        assert!(!memo.covers(&[1; 32], &Deployment::default(), now));
+    }
 }
