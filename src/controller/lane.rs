@@ -321,7 +321,34 @@ pub async fn run(
         Some(ns) => Api::namespaced(ctx.client.clone(), ns),
         None => Api::all(ctx.client.clone()),
     };
-    Controller::new(lanes, watcher::Config::default().any_semantic())
+    let sets: Api<DeserializeGuard<ShardSet>> = match &namespace {
+        Some(ns) => Api::namespaced(ctx.client.clone(), ns),
+        None => Api::all(ctx.client.clone()),
+    };
+    let controller = Controller::new(lanes.clone(), watcher::Config::default().any_semantic());
+    // A lane refused for the cap waits for a slot: it is woken when a lane of
+    // its set frees one (retired, retiring, deleted) or the set changes (a
+    // larger maxLanes), instead of polling the API server.
+    let cache = controller.store();
+    let by_lane = cache.clone();
+    controller
+        .watches(
+            lanes,
+            watcher::Config::default().any_semantic(),
+            move |changed: DeserializeGuard<DedicatedLane>| {
+                let freed = changed.0.as_ref().ok().filter(|l| frees_a_slot(l));
+                let set = freed.map(|l| (l.namespace(), l.spec.shard_set.clone()));
+                waiting_for_a_slot(&by_lane, set)
+            },
+        )
+        .watches(
+            sets,
+            watcher::Config::default().any_semantic(),
+            move |set: DeserializeGuard<ShardSet>| {
+                let set = set.0.as_ref().ok().map(|s| (s.namespace(), s.name_any()));
+                waiting_for_a_slot(&cache, set)
+            },
+        )
         .graceful_shutdown_on(stop)
         .run(reconcile_guarded, error_policy, ctx)
         .for_each(|res| async move {
@@ -330,6 +357,52 @@ pub async fn run(
             }
         })
         .await;
+}
+
+/// Could this change of a lane have freed a slot under its set's cap? Pure.
+pub fn frees_a_slot(lane: &DedicatedLane) -> bool {
+    lane.metadata.deletion_timestamp.is_some()
+        || lane.spec.retire
+        || lane
+            .status
+            .as_ref()
+            .is_some_and(|s| matches!(s.phase, LanePhase::Retired | LanePhase::Failed))
+}
+
+/// Is this lane waiting for a slot (no index yet, not on its way out)? Pure.
+pub fn waits_for_a_slot(lane: &DedicatedLane) -> bool {
+    let st = lane.status.clone().unwrap_or_default();
+    st.lane_index.is_none()
+        && st.phase == LanePhase::Pending
+        && !lane.spec.retire
+        && lane.metadata.deletion_timestamp.is_none()
+}
+
+/// The lanes of `set` (namespace, name) in the cache that wait for a slot.
+fn waiting_for_a_slot(
+    cache: &kube::runtime::reflector::Store<DeserializeGuard<DedicatedLane>>,
+    set: Option<(Option<String>, String)>,
+) -> Vec<kube::runtime::reflector::ObjectRef<DeserializeGuard<DedicatedLane>>> {
+    let Some((ns, set)) = set else {
+        return Vec::new();
+    };
+    cache
+        .state()
+        .iter()
+        .filter(|l| {
+            l.0.as_ref().is_ok_and(|l| {
+                l.namespace() == ns && l.spec.shard_set == set && waits_for_a_slot(l)
+            })
+        })
+        .map(|l| kube::runtime::reflector::ObjectRef::from_obj(l.as_ref()))
+        .collect()
+}
+
+/// How long a lane refused for the cap waits before looking again by
+/// itself (it is woken sooner when a slot frees): as long as it has waited,
+/// from 5 s to 5 min. Pure.
+pub fn admission_retry(waited: Duration) -> Duration {
+    waited.clamp(Duration::from_secs(5), Duration::from_secs(300))
 }
 
 /// What can go wrong in a lane reconcile.
@@ -479,6 +552,10 @@ impl Io<'_> {
                 self.event(EventType::Warning, &c.reason.clone(), c.message.clone())
                     .await;
             }
+        }
+        if st == before {
+            // Nothing changed (a lane still waiting, say): no write.
+            return Ok(());
         }
         let patch = serde_json::json!({
             "apiVersion": "lanekeeper.io/v1alpha1",
@@ -755,7 +832,20 @@ async fn step_until_wait(io: &mut Io<'_>) -> Result<Action, LaneError> {
                 }
                 if st.lane_index.is_none() {
                     if let Some(_refused) = io.admit(&mut st).await? {
-                        return Ok(Action::requeue(Duration::from_secs(2)));
+                        let since = io
+                            .lane
+                            .status
+                            .as_ref()
+                            .and_then(|s| s.conditions.iter().find(|c| c.type_ == "Admitted"))
+                            .map(|c| c.last_transition_time.0);
+                        let waited = since
+                            .map(|t| {
+                                Duration::from_millis(
+                                    (now().as_millisecond() - t.as_millisecond()).max(0) as u64,
+                                )
+                            })
+                            .unwrap_or_default();
+                        return Ok(Action::requeue(admission_retry(waited)));
                     }
                 }
                 let index = st.lane_index.unwrap_or(0);
@@ -1232,6 +1322,46 @@ mod tests {
         );
         assert_eq!(pinned_lane(&st(LanePhase::Retired, None, None)), None);
         assert_eq!(pinned_lane(&st(LanePhase::Pending, None, None)), None);
+    }
+
+    #[test]
+    fn a_waiting_lane_is_woken_by_a_freed_slot_and_otherwise_backs_off() {
+        let lane = |phase: LanePhase, index: Option<i32>, retire: bool| {
+            let mut l = DedicatedLane::new(
+                "l",
+                crate::crd::DedicatedLaneSpec {
+                    shard_set: "hooks".into(),
+                    tenant: "t".into(),
+                    worker: None,
+                    retire,
+                },
+            );
+            l.status = Some(DedicatedLaneStatus {
+                phase,
+                lane_index: index,
+                ..Default::default()
+            });
+            l
+        };
+        assert!(waits_for_a_slot(&lane(LanePhase::Pending, None, false)));
+        assert!(!waits_for_a_slot(&lane(LanePhase::Pending, Some(0), false)));
+        assert!(!waits_for_a_slot(&lane(LanePhase::Pending, None, true)));
+        assert!(!waits_for_a_slot(&lane(LanePhase::Active, Some(1), false)));
+        assert!(frees_a_slot(&lane(LanePhase::Retired, None, false)));
+        assert!(frees_a_slot(&lane(LanePhase::Active, Some(1), true)));
+        assert!(!frees_a_slot(&lane(LanePhase::Active, Some(1), false)));
+        let mut deleting = lane(LanePhase::Active, Some(1), false);
+        deleting.metadata.deletion_timestamp = Some(Time(now()));
+        assert!(frees_a_slot(&deleting));
+        assert_eq!(admission_retry(Duration::ZERO), Duration::from_secs(5));
+        assert_eq!(
+            admission_retry(Duration::from_secs(40)),
+            Duration::from_secs(40)
+        );
+        assert_eq!(
+            admission_retry(Duration::from_secs(86_400)),
+            Duration::from_secs(300)
+        );
     }
 
     #[test]
