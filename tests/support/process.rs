@@ -175,10 +175,12 @@ pub fn wait_until(
 /// The `lanekeeper` binary: cargo's for tests and benchmarks; for an example
 /// (the demo), `$LANEKEEPER_BIN` or the one beside `target/<profile>/examples/`.
 pub fn lanekeeper_bin() -> PathBuf {
-    if let Some(p) = option_env!("CARGO_BIN_EXE_lanekeeper") {
+    // An explicit binary first: to run a test or bench against another build
+    // (an earlier commit's, to see a test fail before its fix).
+    if let Some(p) = std::env::var_os("LANEKEEPER_BIN") {
         return PathBuf::from(p);
     }
-    if let Some(p) = std::env::var_os("LANEKEEPER_BIN") {
+    if let Some(p) = option_env!("CARGO_BIN_EXE_lanekeeper") {
         return PathBuf::from(p);
     }
     let exe = std::env::current_exe().expect("the path of this program");
