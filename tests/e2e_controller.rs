@@ -522,3 +522,54 @@ fn shardset_on_a_redis_cluster_is_synced_and_ready() {
     );
     support::process::signal(pid, libc::SIGKILL);
 }
+
+/// Issue 19: a Recorder per Event made kube-runtime's aggregation of repeats
+/// impossible (DrainTimeout and LaneCapReached piled up as new Events). The
+/// controller's one recorder turns repeats into one Event with a series.
+#[tokio::test]
+async fn repeated_events_aggregate_into_one_series_on_the_api_server() {
+    use kube::api::{Api, ListParams, PostParams};
+    use kube::runtime::events::EventType;
+    use kube::Resource;
+    let cp = cluster();
+    let ns = cp.namespace("events");
+    let client = cp.client().await;
+    let sets: Api<lanekeeper::crd::ShardSet> = Api::namespaced(client.clone(), &ns);
+    let set: lanekeeper::crd::ShardSet = serde_yaml::from_str(&shardset(
+        "noisy",
+        1,
+        "redis://127.0.0.1:1/0",
+        "lanekeeper:v1",
+        "",
+    ))
+    .unwrap();
+    let set = sets.create(&PostParams::default(), &set).await.unwrap();
+    let ctx = lanekeeper::controller::Context::new(client.clone(), Default::default());
+    let reference = set.object_ref(&());
+    for _ in 0..3 {
+        ctx.event(
+            &reference,
+            EventType::Warning,
+            "DrainTimeout",
+            "Relocate",
+            "the same note each time".into(),
+        )
+        .await;
+    }
+    let events: Api<k8s_openapi::api::events::v1::Event> = Api::namespaced(client, &ns);
+    let list = events
+        .list(&ListParams::default().fields("regarding.name=noisy"))
+        .await
+        .unwrap();
+    assert_eq!(
+        list.items.len(),
+        1,
+        "three identical Events should be one Event with a series: {:?}",
+        list.items
+            .iter()
+            .map(|e| e.metadata.name.clone())
+            .collect::<Vec<_>>()
+    );
+    let series = list.items[0].series.as_ref().expect("a series");
+    assert_eq!(series.count, 3, "{series:?}");
+}

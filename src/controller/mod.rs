@@ -134,7 +134,7 @@ impl Context {
 
     /// Record an Event about `object` through the shared recorder (repeats
     /// aggregate); a failure to record is logged, never the reconcile's.
-    pub(crate) async fn event(
+    pub async fn event(
         &self,
         object: &k8s_openapi::api::core::v1::ObjectReference,
         type_: EventType,
