@@ -92,8 +92,7 @@ fn image_allowed(image: &str, prefixes: &[String]) -> bool {
             p == "*"
                 || image == p
                 || (image.starts_with(p.as_str())
-                    && (p.ends_with(['/', ':', '@'])
-                        || image[p.len()..].starts_with([':', '@'])))
+                    && (p.ends_with(['/', ':', '@']) || image[p.len()..].starts_with([':', '@'])))
         })
 }
 
@@ -162,7 +161,10 @@ pub fn enforce_worker_policy(
             return Err(refuse(
                 format!("spec.worker.env[{i}].name"),
                 "EnvNotAllowed",
-                format!("{:?} is set by the controller (LANEKEEPER_* and POD_NAME)", e.name),
+                format!(
+                    "{:?} is set by the controller (LANEKEEPER_* and POD_NAME)",
+                    e.name
+                ),
             ));
         }
         if proxy_env_name(&e.name) && !policy.allow_proxy_env {
@@ -885,7 +887,10 @@ spec:
         let d = &shard_deployments(&s).unwrap()[0];
         let pod = d.spec.as_ref().unwrap().template.spec.as_ref().unwrap();
         assert_eq!(pod.automount_service_account_token, Some(false));
-        assert_eq!(pod.service_account_name.as_deref(), Some("lanekeeper-worker"));
+        assert_eq!(
+            pod.service_account_name.as_deref(),
+            Some("lanekeeper-worker")
+        );
         // Without a default: the namespace's default account, no token either.
         let s = enforce_worker_policy(&worker_set("{image: lk:1}"), &Default::default()).unwrap();
         let pod = shard_deployments(&s).unwrap()[0]
@@ -901,7 +906,10 @@ spec:
 
     #[test]
     fn a_service_account_the_operator_did_not_allow_is_refused() {
-        let v = refused("{image: lk:1, serviceAccountName: cluster-admin-sa}", &Default::default());
+        let v = refused(
+            "{image: lk:1, serviceAccountName: cluster-admin-sa}",
+            &Default::default(),
+        );
         assert_eq!(v.field, "spec.worker.serviceAccountName");
         assert_eq!(v.reason, "ServiceAccountNotAllowed");
         assert!(v.to_string().contains("cluster-admin-sa"), "{v}");
@@ -914,7 +922,10 @@ spec:
             &policy,
         )
         .unwrap();
-        assert_eq!(s.spec.worker.service_account_name.as_deref(), Some("hooks-worker"));
+        assert_eq!(
+            s.spec.worker.service_account_name.as_deref(),
+            Some("hooks-worker")
+        );
         assert!(enforce_worker_policy(
             &worker_set("{image: lk:1, serviceAccountName: other}"),
             &policy
@@ -931,7 +942,10 @@ spec:
         );
         assert_eq!(v.field, "spec.worker.env[0].valueFrom.secretKeyRef.name");
         assert_eq!(v.reason, "SecretNotAllowed");
-        let v = refused("{image: lk:1, priorityClassName: system-node-critical}", &none);
+        let v = refused(
+            "{image: lk:1, priorityClassName: system-node-critical}",
+            &none,
+        );
         assert_eq!(v.field, "spec.worker.priorityClassName");
         let v = refused("{image: lk:1, tolerations: [{operator: Exists}]}", &none);
         assert_eq!(v.field, "spec.worker.tolerations[0]");
@@ -955,25 +969,46 @@ spec:
         }
         for image in ["ghcr.io/acme/lanekeeper-evil:1", "docker.io/evil:1"] {
             let v = refused(&format!("{{image: '{image}'}}"), &allowing);
-            assert_eq!((v.field.as_str(), v.reason), ("spec.worker.image", "ImageNotAllowed"));
+            assert_eq!(
+                (v.field.as_str(), v.reason),
+                ("spec.worker.image", "ImageNotAllowed")
+            );
         }
         // A toleration of every taint needs `*`, not just some keys.
-        let v = refused("{image: 'registry.acme/a:1', tolerations: [{operator: Exists}]}", &allowing);
+        let v = refused(
+            "{image: 'registry.acme/a:1', tolerations: [{operator: Exists}]}",
+            &allowing,
+        );
         assert_eq!(v.field, "spec.worker.tolerations[0]");
         let any = WorkerPolicy {
             allowed_toleration_keys: vec!["*".into()],
             ..Default::default()
         };
-        enforce_worker_policy(&worker_set("{image: a, tolerations: [{operator: Exists}]}"), &any)
-            .unwrap();
+        enforce_worker_policy(
+            &worker_set("{image: a, tolerations: [{operator: Exists}]}"),
+            &any,
+        )
+        .unwrap();
     }
 
     #[test]
     fn env_the_controller_sets_or_that_switches_off_safeguards_is_refused() {
         let none = WorkerPolicy::default();
-        for name in ["LANEKEEPER_ALLOW_CIDRS", "LANEKEEPER_QUEUE", "lanekeeper_proxy", "POD_NAME"] {
-            let v = refused(&format!("{{image: a, env: [{{name: {name}, value: x}}]}}"), &none);
-            assert_eq!((v.field.as_str(), v.reason), ("spec.worker.env[0].name", "EnvNotAllowed"), "{name}");
+        for name in [
+            "LANEKEEPER_ALLOW_CIDRS",
+            "LANEKEEPER_QUEUE",
+            "lanekeeper_proxy",
+            "POD_NAME",
+        ] {
+            let v = refused(
+                &format!("{{image: a, env: [{{name: {name}, value: x}}]}}"),
+                &none,
+            );
+            assert_eq!(
+                (v.field.as_str(), v.reason),
+                ("spec.worker.env[0].name", "EnvNotAllowed"),
+                "{name}"
+            );
         }
         for name in ["HTTP_PROXY", "https_proxy", "No_Proxy", "ALL_PROXY"] {
             let v = refused(
@@ -993,13 +1028,20 @@ spec:
         )
         .unwrap();
         // The operator's CIDRs reach the workers; the author cannot set them.
-        let env = shard_deployments(&s).unwrap()[0].spec.clone().unwrap().template.spec.unwrap().containers[0]
+        let env = shard_deployments(&s).unwrap()[0]
+            .spec
+            .clone()
+            .unwrap()
+            .template
+            .spec
+            .unwrap()
+            .containers[0]
             .env
             .clone()
             .unwrap();
-        assert!(env
-            .iter()
-            .any(|e| e.name == "LANEKEEPER_ALLOW_CIDRS" && e.value.as_deref() == Some("10.0.0.0/8")));
+        assert!(env.iter().any(
+            |e| e.name == "LANEKEEPER_ALLOW_CIDRS" && e.value.as_deref() == Some("10.0.0.0/8")
+        ));
     }
 
     #[test]
@@ -1014,7 +1056,10 @@ spec:
             ..Default::default()
         };
         let v = check_redis_credentials(&r).unwrap_err();
-        assert_eq!((v.field.as_str(), v.reason), ("spec.redis.passwordSecretRef", "PasswordNotWithURL"));
+        assert_eq!(
+            (v.field.as_str(), v.reason),
+            ("spec.redis.passwordSecretRef", "PasswordNotWithURL")
+        );
         r.url = None;
         r.url_secret_ref = Some(key("mine", "url"));
         assert!(check_redis_credentials(&r).is_err());

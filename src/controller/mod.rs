@@ -73,9 +73,13 @@ struct ConnectFailure {
     message: String,
 }
 
-/// Backoff after the `attempts`th consecutive failed connect: 5 s doubling, at most 5 min.
+/// Backoff after the `attempts`th consecutive failed connect: 5 s doubling,
+/// at most a minute (a Redis that comes back is used within a minute).
 fn connect_backoff(attempts: u32) -> Duration {
-    Duration::from_secs(5u64.saturating_mul(1 << attempts.saturating_sub(1).min(6)).min(300))
+    Duration::from_secs(
+        5u64.saturating_mul(1 << attempts.saturating_sub(1).min(6))
+            .min(60),
+    )
 }
 
 /// Shared state of the reconcilers.
@@ -116,22 +120,19 @@ impl Context {
         self
     }
 
-    /// Redis connections held now (for tests and metrics).
-    pub fn redis_connections(&self) -> usize {
+    /// Drop the connections of sets not in `live` (the promotion loop's
+    /// list of every set in scope).
+    pub(crate) fn prune_stores(&self, live: &std::collections::HashSet<SetId>) {
         self.stores
             .lock()
             .unwrap_or_else(|e| e.into_inner())
-            .values()
-            .filter(|c| c.state.is_ok())
-            .count()
-    }
-
-    /// Drop the connections of sets not in `live`.
-    fn prune_stores(&self, live: &std::collections::HashSet<SetId>) {
-        self.stores
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .retain(|id, _| live.contains(id));
+            .retain(|id, _| {
+                let keep = live.contains(id);
+                if !keep {
+                    info!(namespace = %id.namespace, set = %id.name, "the set is gone: its Redis connection is closed");
+                }
+                keep
+            });
     }
 }
 
@@ -210,14 +211,12 @@ pub async fn run(
     // A Redis that lost its state is noticed within seconds, not at the
     // next periodic reconcile: one HEXISTS per set every two seconds.
     let (lost_tx, lost_rx) = tokio::sync::mpsc::channel::<()>(1);
-    let controller = Controller::new(sets, watcher::Config::default().any_semantic());
-    let known_sets = controller.store();
     let lost_task = {
         let ctx = ctx.clone();
         let stop = stop.clone();
         tokio::spawn(async move {
             tokio::select! {
-                _ = watch_routing(ctx, known_sets, lost_tx) => {}
+                _ = watch_routing(ctx, lost_tx) => {}
                 _ = stop => {}
             }
         })
@@ -225,7 +224,7 @@ pub async fn run(
     let lost_stream = futures::stream::unfold(lost_rx, |mut rx| async move {
         rx.recv().await.map(|()| ((), rx))
     });
-    controller
+    Controller::new(sets, watcher::Config::default().any_semantic())
         .reconcile_all_on(lost_stream)
         .owns(
             deployments,
@@ -259,31 +258,10 @@ pub async fn run(
 const ROUTING_WATCH: Duration = Duration::from_secs(2);
 
 /// Ask for a reconcile of every set when the routing table of one of the
-/// sets this controller has connected to is gone. Also drops the Redis
-/// connections of sets that are gone (from the controller's watch cache).
-async fn watch_routing(
-    ctx: Arc<Context>,
-    known: kube::runtime::reflector::Store<DeserializeGuard<ShardSet>>,
-    lost: tokio::sync::mpsc::Sender<()>,
-) {
-    let _ = known.wait_until_ready().await;
+/// sets this controller has connected to is gone.
+async fn watch_routing(ctx: Arc<Context>, lost: tokio::sync::mpsc::Sender<()>) {
     loop {
         tokio::time::sleep(ROUTING_WATCH).await;
-        let live: std::collections::HashSet<SetId> = known
-            .state()
-            .iter()
-            .map(|s| {
-                let meta = match &s.0 {
-                    Ok(set) => &set.metadata,
-                    Err(invalid) => &invalid.metadata,
-                };
-                SetId::new(
-                    meta.namespace.clone().unwrap_or_default(),
-                    meta.name.clone().unwrap_or_default(),
-                )
-            })
-            .collect();
-        ctx.prune_stores(&live);
         let stores: Vec<Store> = ctx
             .stores
             .lock()
@@ -1098,7 +1076,10 @@ async fn redis_target_inner(
             crate::store::redact(&url)
         )));
     }
-    if from_secret.is_some() && url::Url::parse(&url).is_err() && crate::store::cluster_nodes(&url).is_none() {
+    if from_secret.is_some()
+        && url::Url::parse(&url).is_err()
+        && crate::store::cluster_nodes(&url).is_none()
+    {
         return Err(hidden(String::new()));
     }
     Ok((url, tls))
@@ -1177,4 +1158,32 @@ async fn record_lanes(set: &ShardSet, ctx: &Context) {
         })
         .collect();
     ctx.metrics.record_lanes(&ns, &name, &views);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn connect_failures_back_off_to_a_minute() {
+        let secs: Vec<u64> = (1..=6).map(|n| connect_backoff(n).as_secs()).collect();
+        assert_eq!(secs, [5, 10, 20, 40, 60, 60]);
+    }
+
+    #[test]
+    fn messages_are_scrubbed_of_secret_values_and_keys_hold_none() {
+        let secrets = vec!["pw-1".to_string(), String::new()];
+        assert_eq!(
+            scrub("redis url \"pw-1\": relative URL without a base", &secrets),
+            "redis url \"***\": relative URL without a base"
+        );
+        let a = fingerprint("redis://:pw-1@r:6379", None);
+        assert_ne!(a, fingerprint("redis://:pw-2@r:6379", None));
+        let tls = RedisTls {
+            ca: Some(b"ca".to_vec()),
+            client: None,
+        };
+        assert_ne!(a, fingerprint("redis://:pw-1@r:6379", Some(&tls)));
+        assert!(!String::from_utf8_lossy(&a).contains("pw-1"));
+    }
 }

@@ -245,6 +245,22 @@ pub async fn run(ctx: Arc<Context>, namespace: Option<String>, tick: Duration) {
                 continue;
             }
         };
+        // The Redis connections of sets that are gone are closed.
+        let live: std::collections::HashSet<crate::store::SetId> = list
+            .items
+            .iter()
+            .map(|s| {
+                let meta = match &s.0 {
+                    Ok(set) => &set.metadata,
+                    Err(invalid) => &invalid.metadata,
+                };
+                crate::store::SetId::new(
+                    meta.namespace.clone().unwrap_or_default(),
+                    meta.name.clone().unwrap_or_default(),
+                )
+            })
+            .collect();
+        ctx.prune_stores(&live);
         for set in list.items.into_iter().filter_map(|s| s.0.ok()) {
             if set.metadata.deletion_timestamp.is_some() {
                 continue;
