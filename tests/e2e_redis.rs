@@ -147,10 +147,8 @@ fn tls_with_a_ca_secret_and_an_acl_user_reach_redis_and_the_workers() {
         &["apply", "-n", &ns, "-f", "-"],
         &shardset(
             "secure",
-            &format!(
-                r#"{{urlSecretRef: {{name: redis-pw, key: url}}, username: lk, passwordSecretRef: {{name: redis-pw, key: password}},
-                   tls: {{caSecretRef: {{name: redis-ca, key: bundle.pem}}, clientCertSecretRef: {{name: redis-client}}}}}}"#
-            ),
+            r#"{urlSecretRef: {name: redis-pw, key: url}, username: lk, passwordSecretRef: {name: redis-pw, key: password},
+                   tls: {caSecretRef: {name: redis-ca, key: bundle.pem}, clientCertSecretRef: {name: redis-client}}}"#,
         ),
     );
     // The controller reached Redis over TLS as the ACL user: the settings
