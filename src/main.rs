@@ -73,6 +73,8 @@ enum Command {
         promotion_tick: kube::core::Duration,
         #[command(flatten)]
         election: Election,
+        #[command(flatten)]
+        workers: WorkerPolicyArgs,
     },
 
     /// Serve the ingest API: producers post events over HTTP.
@@ -375,12 +377,14 @@ fn main() -> ExitCode {
             metrics_addr,
             promotion_tick,
             election,
+            workers,
         } => runtime().and_then(|rt| {
             rt.block_on(controller(
                 namespace,
                 metrics_addr,
                 promotion_tick.into(),
                 election,
+                workers.into(),
             ))
         }),
     };
@@ -589,11 +593,88 @@ async fn worker(args: WorkerArgs) -> anyhow::Result<()> {
     lanekeeper::worker::run(store, config, stop).await
 }
 
+/// What the operator lets a ShardSet's worker template ask for (see the
+/// README's "Security model"). A ShardSet author gets no more than this.
+#[derive(clap::Args, Debug, Clone)]
+struct WorkerPolicyArgs {
+    /// ServiceAccount worker pods run as when a ShardSet names none
+    /// (default: the namespace's `default`). Workers never get an API token.
+    #[arg(long, env = "LANEKEEPER_WORKER_SERVICE_ACCOUNT")]
+    worker_service_account: Option<String>,
+    /// ServiceAccounts a ShardSet may name in spec.worker.serviceAccountName
+    /// (comma-separated). Default: none.
+    #[arg(
+        long = "allow-worker-service-account",
+        env = "LANEKEEPER_ALLOW_WORKER_SERVICE_ACCOUNTS",
+        value_delimiter = ','
+    )]
+    allow_worker_service_accounts: Vec<String>,
+    /// Secrets spec.worker.env[].valueFrom.secretKeyRef may name
+    /// (comma-separated). Default: none.
+    #[arg(
+        long = "allow-worker-secret",
+        env = "LANEKEEPER_ALLOW_WORKER_SECRETS",
+        value_delimiter = ','
+    )]
+    allow_worker_secrets: Vec<String>,
+    /// PriorityClasses spec.worker.priorityClassName may name
+    /// (comma-separated). Default: none.
+    #[arg(
+        long = "allow-worker-priority-class",
+        env = "LANEKEEPER_ALLOW_WORKER_PRIORITY_CLASSES",
+        value_delimiter = ','
+    )]
+    allow_worker_priority_classes: Vec<String>,
+    /// Image prefixes spec.worker.image must start with, at a `/`, `:` or
+    /// `@` boundary (comma-separated). Default: any image.
+    #[arg(
+        long = "allow-worker-image",
+        env = "LANEKEEPER_ALLOW_WORKER_IMAGES",
+        value_delimiter = ','
+    )]
+    allow_worker_images: Vec<String>,
+    /// Taint keys spec.worker.tolerations may tolerate (comma-separated);
+    /// `*`: any toleration, even of every taint. Default: none.
+    #[arg(
+        long = "allow-worker-toleration",
+        env = "LANEKEEPER_ALLOW_WORKER_TOLERATIONS",
+        value_delimiter = ','
+    )]
+    allow_worker_tolerations: Vec<String>,
+    /// Let spec.worker.env set HTTP_PROXY, HTTPS_PROXY, NO_PROXY or ALL_PROXY.
+    #[arg(long, env = "LANEKEEPER_ALLOW_WORKER_PROXY_ENV")]
+    allow_worker_proxy_env: bool,
+    /// Non-global CIDRs every worker may deliver to (its
+    /// LANEKEEPER_ALLOW_CIDRS, which a ShardSet cannot set). Comma-separated.
+    #[arg(
+        long = "worker-allow-cidr",
+        env = "LANEKEEPER_WORKER_ALLOW_CIDRS",
+        value_delimiter = ','
+    )]
+    worker_allow_cidrs: Vec<ipnet::IpNet>,
+}
+
+impl From<WorkerPolicyArgs> for lanekeeper::controller::build::WorkerPolicy {
+    fn from(a: WorkerPolicyArgs) -> Self {
+        Self {
+            service_account: a.worker_service_account,
+            allowed_service_accounts: a.allow_worker_service_accounts,
+            allowed_env_secrets: a.allow_worker_secrets,
+            allowed_priority_classes: a.allow_worker_priority_classes,
+            allowed_image_prefixes: a.allow_worker_images,
+            allowed_toleration_keys: a.allow_worker_tolerations,
+            allow_proxy_env: a.allow_worker_proxy_env,
+            worker_allow_cidrs: a.worker_allow_cidrs.iter().map(|c| c.to_string()).collect(),
+        }
+    }
+}
+
 async fn controller(
     namespace: Option<String>,
     metrics_addr: std::net::SocketAddr,
     promotion_tick: std::time::Duration,
     election: Election,
+    worker_policy: lanekeeper::controller::build::WorkerPolicy,
 ) -> anyhow::Result<()> {
     use anyhow::Context;
     use std::sync::atomic::{AtomicBool, Ordering};
@@ -664,10 +745,10 @@ async fn controller(
             }
         }
     };
-    let ctx = std::sync::Arc::new(lanekeeper::controller::Context::new(
-        client.clone(),
-        metrics,
-    ));
+    let ctx = std::sync::Arc::new(
+        lanekeeper::controller::Context::new(client.clone(), metrics)
+            .with_worker_policy(worker_policy),
+    );
     let opts = lanekeeper::controller::ControllerOptions {
         namespace,
         promotion_tick,

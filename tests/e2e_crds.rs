@@ -526,7 +526,7 @@ spec:
         &["apply", "-n", &ns, "-f", "-"],
         &set(
             "secure",
-            r#"{url: "rediss://redis:6380", username: lanekeeper, passwordSecretRef: {name: pw, key: password},
+            r#"{urlSecretRef: {name: pw, key: url}, username: lanekeeper, passwordSecretRef: {name: pw, key: password},
                 tls: {caSecretRef: {name: ca, key: ca.crt}, clientCertSecretRef: {name: client}}, durability: Replicated}"#,
         ),
     );

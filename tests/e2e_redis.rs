@@ -140,17 +140,15 @@ fn tls_with_a_ca_secret_and_an_acl_user_reach_redis_and_the_workers() {
         "-n",
         &ns,
         "--from-literal=password=tls-acl-pw",
+        &format!("--from-literal=url={}", r.url("")),
     ]);
     let (pid, log) = cp.spawn_controller_env(&ns, &["--leader-election=false"], &[]);
     cp.kubectl_stdin(
         &["apply", "-n", &ns, "-f", "-"],
         &shardset(
             "secure",
-            &format!(
-                r#"{{url: "{}", username: lk, passwordSecretRef: {{name: redis-pw, key: password}},
-                   tls: {{caSecretRef: {{name: redis-ca, key: bundle.pem}}, clientCertSecretRef: {{name: redis-client}}}}}}"#,
-                r.url("")
-            ),
+            r#"{urlSecretRef: {name: redis-pw, key: url}, username: lk, passwordSecretRef: {name: redis-pw, key: password},
+                   tls: {caSecretRef: {name: redis-ca, key: bundle.pem}, clientCertSecretRef: {name: redis-client}}}"#,
         ),
     );
     // The controller reached Redis over TLS as the ACL user: the settings
@@ -247,6 +245,7 @@ fn tls_with_a_ca_secret_and_an_acl_user_reach_redis_and_the_workers() {
         let name = e["name"].as_str().unwrap();
         let value = match name {
             "LANEKEEPER_REDIS_PASSWORD" => "tls-acl-pw".to_string(),
+            "LANEKEEPER_REDIS_URL" => r.url(""),
             "LANEKEEPER_REDIS_CA_FILE" => ca.clone(),
             "LANEKEEPER_REDIS_CLIENT_CERT_FILE" => cert.clone(),
             "LANEKEEPER_REDIS_CLIENT_KEY_FILE" => key.clone(),

@@ -111,3 +111,475 @@ fn the_author_has_only_shardset_rights_and_the_rbac_controller_reconciles_her_se
     );
     support::process::signal(pid, libc::SIGKILL);
 }
+
+fn status_json(cp: &ControlPlane, ns: &str, name: &str) -> String {
+    cp.kubectl_ok(&[
+        "get",
+        "shardset",
+        name,
+        "-n",
+        ns,
+        "-o",
+        "jsonpath={.status}",
+    ])
+}
+
+/// The Degraded condition of a set: (status, reason, message).
+fn degraded(cp: &ControlPlane, ns: &str, name: &str) -> (String, String, String) {
+    let out = cp.kubectl_ok(&[
+        "get",
+        "shardset",
+        name,
+        "-n",
+        ns,
+        "-o",
+        "jsonpath={.status.conditions[?(@.type==\"Degraded\")]}",
+    ]);
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap_or_default();
+    let s = |k: &str| v[k].as_str().unwrap_or_default().to_string();
+    (s("status"), s("reason"), s("message"))
+}
+
+fn shardset_yaml(name: &str, redis: &str, worker: &str) -> String {
+    format!(
+        "apiVersion: lanekeeper.io/v1alpha1\nkind: ShardSet\nmetadata: {{name: {name}}}\n\
+         spec:\n  shards: 1\n  redis: {redis}\n  worker: {worker}\n"
+    )
+}
+
+/// A TCP listener that accepts and never answers, keeping what it receives.
+fn silent_listener() -> (u16, std::sync::Arc<std::sync::Mutex<Vec<u8>>>) {
+    use std::io::Read;
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let port = listener.local_addr().unwrap().port();
+    let got = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let sink = got.clone();
+    std::thread::spawn(move || {
+        for conn in listener.incoming() {
+            let Ok(mut conn) = conn else { continue };
+            let sink = sink.clone();
+            std::thread::spawn(move || {
+                let mut buf = [0u8; 4096];
+                while let Ok(n) = conn.read(&mut buf) {
+                    if n == 0 {
+                        break;
+                    }
+                    sink.lock().unwrap().extend_from_slice(&buf[..n]);
+                }
+            });
+        }
+    });
+    (port, got)
+}
+
+/// The team's Redis Secret, the one name the chart's RBAC lets the controller read.
+fn team_secret(cp: &ControlPlane, ns: &str, url: &str, password: &str) {
+    cp.kubectl_ok(&[
+        "create",
+        "secret",
+        "generic",
+        "lanekeeper-redis",
+        "-n",
+        ns,
+        &format!("--from-literal=url={url}"),
+        &format!("--from-literal=password={password}"),
+    ]);
+}
+
+/// Item 1: the author points `url` at her own listener and names the team's
+/// password Secret: the API server refuses it and her listener never sees
+/// the password.
+#[test]
+fn a_password_goes_only_to_the_url_stored_with_it() {
+    let cp = cluster();
+    let ns = cp.namespace("pwurl");
+    let author = cp.shardset_author(&ns);
+    let password = "team-pw-Zq81xv";
+    team_secret(cp, &ns, &support::redis::shared().url, password);
+    let (port, got) = silent_listener();
+    let (pid, _log) = cp.spawn_controller_with_rbac(&ns, &[], &[]);
+    let set = shardset_yaml(
+        "steal",
+        &format!(
+            "{{url: \"redis://127.0.0.1:{port}\", passwordSecretRef: {{name: lanekeeper-redis, key: password}}}}"
+        ),
+        "{image: \"lanekeeper:v1\", replicas: 1}",
+    );
+    let out = kubectl_as(cp, &author, &["apply", "-n", &ns, "-f", "-"], Some(&set));
+    let stderr = String::from_utf8_lossy(&out.stderr).to_string();
+    std::thread::sleep(Duration::from_secs(8));
+    let received = String::from_utf8_lossy(&got.lock().unwrap()).to_string();
+    support::process::signal(pid, libc::SIGKILL);
+    assert!(
+        !received.contains(password),
+        "the author's server received the team's password: {received:?}"
+    );
+    assert!(
+        !out.status.success() && stderr.contains("passwordSecretRef must name the same Secret"),
+        "the API server accepted a password sent to another URL: {stderr}"
+    );
+}
+
+/// Item 2: `urlSecretRef` pointing at the password key: status and Events
+/// say which Secret key is unusable, never its value.
+#[test]
+fn a_value_read_from_a_secret_never_shows_in_status_or_events() {
+    let cp = cluster();
+    let ns = cp.namespace("echo");
+    let author = cp.shardset_author(&ns);
+    let password = "echo-pw-Kd93ma";
+    team_secret(cp, &ns, &support::redis::shared().url, password);
+    let (pid, log) = cp.spawn_controller_with_rbac(&ns, &[], &[]);
+    let set = shardset_yaml(
+        "echo",
+        "{urlSecretRef: {name: lanekeeper-redis, key: password}, passwordSecretRef: {name: lanekeeper-redis, key: password}}",
+        "{image: \"lanekeeper:v1\", replicas: 1}",
+    );
+    let out = kubectl_as(cp, &author, &["apply", "-n", &ns, "-f", "-"], Some(&set));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    wait_until(
+        "status to speak of the Redis URL",
+        Duration::from_secs(60),
+        || status_json(cp, &ns, "echo").to_lowercase().contains("url"),
+    );
+    std::thread::sleep(Duration::from_secs(3));
+    let status = status_json(cp, &ns, "echo");
+    let events = cp.kubectl_ok(&["get", "events", "-n", &ns, "-o", "json"]);
+    let log_text = std::fs::read_to_string(&log).unwrap_or_default();
+    support::process::signal(pid, libc::SIGKILL);
+    assert!(
+        !status.contains(password),
+        "status echoes the Secret: {status}"
+    );
+    assert!(
+        !events.contains(password),
+        "an Event echoes the Secret: {events}"
+    );
+    assert!(!log_text.contains(password), "the log echoes the Secret");
+    assert!(
+        status.contains("lanekeeper-redis key password"),
+        "status does not say which Secret key is unusable: {status}"
+    );
+}
+
+/// Item 3: the worker template gives the author no more than the operator's
+/// configuration: a privileged ServiceAccount, other Secrets, a system
+/// priority class, tolerations of everything, proxies are refused (status
+/// Degraded naming the field, and an Event); the controller's own env names
+/// are refused by the API server; workers mount no API token.
+#[test]
+fn a_shardset_gets_no_more_than_the_operator_allows_its_workers() {
+    let cp = cluster();
+    let ns = cp.namespace("deputy");
+    let author = cp.shardset_author(&ns);
+    cp.kubectl_ok(&["create", "serviceaccount", "root", "-n", &ns]);
+    cp.kubectl_ok(&[
+        "create",
+        "rolebinding",
+        "root-admin",
+        "-n",
+        &ns,
+        "--clusterrole=cluster-admin",
+        &format!("--serviceaccount={ns}:root"),
+    ]);
+    cp.kubectl_ok(&["create", "serviceaccount", "hooks-worker", "-n", &ns]);
+    let redis = support::redis::shared();
+    // By environment (the chart passes flags), so that a controller without
+    // the policy still starts and shows what it lets through.
+    let (pid, log) = cp.spawn_controller_with_rbac(
+        &ns,
+        &[],
+        &[("LANEKEEPER_WORKER_SERVICE_ACCOUNT", "hooks-worker")],
+    );
+    let url = format!("{{url: \"{}\"}}", redis.url);
+    cp.kubectl_ok(&[
+        "create",
+        "secret",
+        "generic",
+        "prod-db",
+        "-n",
+        &ns,
+        "--from-literal=url=redis://prod-db:6379",
+    ]);
+    let secret_url = "{urlSecretRef: {name: prod-db, key: url}}";
+    let cases = [
+        (
+            "sa",
+            url.as_str(),
+            "{image: lk, serviceAccountName: root}",
+            "spec.worker.serviceAccountName",
+            "ServiceAccountNotAllowed",
+        ),
+        (
+            "secret",
+            url.as_str(),
+            "{image: lk, env: [{name: DB, valueFrom: {secretKeyRef: {name: prod-db, key: url}}}]}",
+            "spec.worker.env[0].valueFrom.secretKeyRef.name",
+            "SecretNotAllowed",
+        ),
+        (
+            "prio",
+            url.as_str(),
+            "{image: lk, priorityClassName: system-node-critical}",
+            "spec.worker.priorityClassName",
+            "PriorityClassNotAllowed",
+        ),
+        (
+            "tol",
+            url.as_str(),
+            "{image: lk, tolerations: [{operator: Exists}]}",
+            "spec.worker.tolerations[0]",
+            "TolerationNotAllowed",
+        ),
+        (
+            "proxy",
+            url.as_str(),
+            "{image: lk, env: [{name: https_proxy, value: 'http://me:3128'}]}",
+            "spec.worker.env[0].name",
+            "EnvNotAllowed",
+        ),
+        (
+            "redissecret",
+            secret_url,
+            "{image: lk}",
+            "spec.redis.urlSecretRef.name",
+            "SecretNotAllowed",
+        ),
+    ];
+    for (name, redis, worker, _, _) in &cases {
+        let out = kubectl_as(
+            cp,
+            &author,
+            &["apply", "-n", &ns, "-f", "-"],
+            Some(&shardset_yaml(name, redis, worker)),
+        );
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    let good = shardset_yaml("good", &url, "{image: lk, replicas: 1}");
+    let out = kubectl_as(cp, &author, &["apply", "-n", &ns, "-f", "-"], Some(&good));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let mut refused = Vec::new();
+    for (name, _, _, field, reason) in &cases {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        let mut got = degraded(cp, &ns, name);
+        while !(got.0 == "True" && got.1 == *reason) && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(300));
+            got = degraded(cp, &ns, name);
+        }
+        refused.push((name, field, reason, got.clone()));
+        let deployments = cp.kubectl_ok(&[
+            "get",
+            "deployments",
+            "-n",
+            &ns,
+            "-l",
+            &format!("app.kubernetes.io/instance={name}"),
+            "-o",
+            "name",
+        ]);
+        assert!(
+            deployments.trim().is_empty(),
+            "set {name}: Deployments were made: {deployments}; Degraded {got:?}\n{}",
+            support::process::tail(&log, 20)
+        );
+        assert!(
+            got.0 == "True" && got.1 == *reason && got.2.contains(field),
+            "set {name}: Degraded {got:?}, want {reason} naming {field}"
+        );
+    }
+    let events = cp.kubectl_ok(&["get", "events", "-n", &ns, "-o", "json"]);
+    for (name, _, reason, _) in &refused {
+        assert!(
+            events.contains(&format!("\"reason\": \"{reason}\"")),
+            "no {reason} Event for {name}: {events}"
+        );
+    }
+    // The set within the limits: workers run as the operator's account,
+    // without an API token.
+    wait_until("the good set's Deployment", Duration::from_secs(60), || {
+        cp.kubectl()
+            .args(["get", "deployment", "good-shard-00", "-n", &ns])
+            .output()
+            .is_ok_and(|o| o.status.success())
+    });
+    let pod = cp.kubectl_ok(&[
+        "get",
+        "deployment",
+        "good-shard-00",
+        "-n",
+        &ns,
+        "-o",
+        "jsonpath={.spec.template.spec}",
+    ]);
+    let pod: serde_json::Value = serde_json::from_str(&pod).unwrap();
+    assert_eq!(pod["automountServiceAccountToken"], false, "{pod}");
+    assert_eq!(pod["serviceAccountName"], "hooks-worker", "{pod}");
+    // The controller's own env names: refused by the API server.
+    for name in ["LANEKEEPER_ALLOW_CIDRS", "LANEKEEPER_REDIS_URL"] {
+        let bad = shardset_yaml(
+            "cidrs",
+            &url,
+            &format!("{{image: lk, env: [{{name: {name}, value: '0.0.0.0/0'}}]}}"),
+        );
+        let out = kubectl_as(cp, &author, &["apply", "-n", &ns, "-f", "-"], Some(&bad));
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            !out.status.success() && stderr.contains("worker.env must not set LANEKEEPER_*"),
+            "{name} was accepted: {stderr}"
+        );
+    }
+    support::process::signal(pid, libc::SIGKILL);
+}
+
+/// `CLIENT LIST` lines of `redis` (connected clients, redis-cli included).
+fn clients(redis: &support::redis::TestRedis) -> usize {
+    support::redis::cli(redis, &["CLIENT", "LIST"])
+        .lines()
+        .filter(|l| l.contains("addr="))
+        .count()
+}
+
+fn observed(cp: &ControlPlane, ns: &str, name: &str) -> bool {
+    let out = cp.kubectl_ok(&[
+        "get",
+        "shardset",
+        name,
+        "-n",
+        ns,
+        "-o",
+        "jsonpath={.metadata.generation} {.status.observedGeneration}",
+    ]);
+    let mut it = out.split_whitespace();
+    matches!((it.next(), it.next()), (Some(a), Some(b)) if a == b)
+}
+
+/// Item 4: one connection per set, whatever its URL history; a deleted
+/// set's connection is closed.
+#[test]
+fn redis_connections_stay_bounded_over_url_changes_and_close_after_deletes() {
+    let cp = cluster();
+    let ns = cp.namespace("conns");
+    let redis = support::redis::dedicated();
+    let base = clients(&redis);
+    let (pid, log) = cp.spawn_controller_with_rbac(&ns, &["--promotion-tick=2s"], &[]);
+    let sets = ["c0", "c1", "c2"];
+    let apply = |db: u32| {
+        for name in sets {
+            let url = format!("{{url: \"redis://127.0.0.1:{}/{db}\"}}", redis.port);
+            cp.kubectl_stdin(
+                &["apply", "-n", &ns, "-f", "-"],
+                &shardset_yaml(name, &url, "{image: lk, replicas: 1}"),
+            );
+        }
+        for name in sets {
+            wait_until(
+                "the set to observe its spec",
+                Duration::from_secs(60),
+                || observed(cp, &ns, name),
+            );
+        }
+    };
+    apply(0);
+    std::thread::sleep(Duration::from_secs(3));
+    let first = clients(&redis);
+    for db in 1..=8 {
+        apply(db);
+    }
+    std::thread::sleep(Duration::from_secs(3));
+    let after = clients(&redis);
+    assert!(
+        after <= first + sets.len(),
+        "Redis clients grew with URL changes: {base} before, {first} with {} sets, {after} after 8 URL changes each\n{}",
+        sets.len(),
+        support::process::tail(&log, 20)
+    );
+    for name in sets {
+        cp.kubectl_ok(&["delete", "shardset", name, "-n", &ns, "--wait=false"]);
+    }
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let mut now = clients(&redis);
+    while now > base + 1 && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(500));
+        now = clients(&redis);
+    }
+    support::process::signal(pid, libc::SIGKILL);
+    support::redis::kill(&redis);
+    assert!(
+        now <= base + 1,
+        "deleting the sets closed no connection: {base} before, {after} with the sets, {now} after deletes\n{}",
+        support::process::tail(&log, 30)
+    );
+}
+
+/// Item 5: sets whose Redis accepts TCP and never answers do not stretch a
+/// healthy set's promotion tick.
+#[test]
+fn a_redis_that_never_answers_does_not_stretch_other_sets_promotion_ticks() {
+    let cp = cluster();
+    let ns = cp.namespace("stall");
+    let redis = support::redis::shared();
+    let (port, _) = silent_listener();
+    let tick = Duration::from_secs(2);
+    let (pid, log) = cp.spawn_controller_with_rbac(
+        &ns,
+        &["--promotion-tick=2s"],
+        &[("RUST_LOG", "info,lanekeeper::controller::promotion=debug")],
+    );
+    for i in 0..5 {
+        cp.kubectl_stdin(
+            &["apply", "-n", &ns, "-f", "-"],
+            &shardset_yaml(
+                &format!("hang-{i}"),
+                &format!("{{url: \"redis://127.0.0.1:{port}\"}}"),
+                "{image: lk, replicas: 1}",
+            ),
+        );
+    }
+    cp.kubectl_stdin(
+        &["apply", "-n", &ns, "-f", "-"],
+        &shardset_yaml(
+            "healthy",
+            &format!("{{url: \"{}\"}}", redis.url),
+            "{image: lk, replicas: 1}",
+        ),
+    );
+    // When each "measured" line of the healthy set appears.
+    let count = || {
+        std::fs::read_to_string(&log)
+            .unwrap_or_default()
+            .lines()
+            .filter(|l| l.contains("promotion: set measured") && l.contains("healthy"))
+            .count()
+    };
+    let mut seen = Vec::new();
+    let (mut last, end) = (0, Instant::now() + Duration::from_secs(40));
+    while Instant::now() < end {
+        let n = count();
+        if n > last {
+            seen.push(Instant::now());
+            last = n;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    support::process::signal(pid, libc::SIGKILL);
+    let gaps: Vec<Duration> = seen.windows(2).map(|w| w[1] - w[0]).collect();
+    let worst = gaps.iter().max().copied().unwrap_or(Duration::MAX);
+    assert!(
+        gaps.len() >= 10 && worst < tick + Duration::from_millis(1500),
+        "the healthy set's promotion ticks: {} in 40 s, worst gap {worst:?} (tick {tick:?})\n{}",
+        seen.len(),
+        support::process::tail(&log, 20)
+    );
+}

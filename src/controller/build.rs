@@ -32,6 +32,202 @@ pub enum BuildError {
     LaneIndex(u8),
 }
 
+/// What the operator (controller flags, chart values) lets a ShardSet's
+/// worker template ask for. A ShardSet author can edit ShardSets, not pods:
+/// without these limits a ShardSet would be a way to run any pod in the
+/// namespace. Empty lists allow nothing, except `allowed_image_prefixes`,
+/// where empty allows any image.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct WorkerPolicy {
+    /// The ServiceAccount workers run as when the set names none (`None`:
+    /// the namespace's `default`).
+    pub service_account: Option<String>,
+    /// ServiceAccounts a set may name in `worker.serviceAccountName`.
+    pub allowed_service_accounts: Vec<String>,
+    /// Secrets `worker.env[].valueFrom.secretKeyRef` may name.
+    pub allowed_env_secrets: Vec<String>,
+    /// PriorityClasses `worker.priorityClassName` may name.
+    pub allowed_priority_classes: Vec<String>,
+    /// Image prefixes `worker.image` must start with (at a `/`, `:` or `@`
+    /// boundary); empty or `*`: any image.
+    pub allowed_image_prefixes: Vec<String>,
+    /// Taint keys `worker.tolerations` may tolerate; `*`: any toleration,
+    /// including one of every taint (empty key).
+    pub allowed_toleration_keys: Vec<String>,
+    /// Whether `worker.env` may set the proxy variables (HTTP_PROXY,
+    /// HTTPS_PROXY, NO_PROXY, ALL_PROXY in any case).
+    pub allow_proxy_env: bool,
+    /// Non-global CIDRs workers may deliver to (their `LANEKEEPER_ALLOW_CIDRS`,
+    /// which only the operator sets).
+    pub worker_allow_cidrs: Vec<String>,
+}
+
+/// A worker template asks for more than the operator's [`WorkerPolicy`] allows.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{field}: {message}")]
+pub struct PolicyViolation {
+    /// The ShardSet field, e.g. `spec.worker.serviceAccountName`.
+    pub field: String,
+    /// The condition reason, e.g. `ServiceAccountNotAllowed`.
+    pub reason: &'static str,
+    pub message: String,
+}
+
+/// Environment variable names the controller sets on workers itself.
+pub fn controller_env_name(name: &str) -> bool {
+    name.to_ascii_uppercase().starts_with("LANEKEEPER_") || name == "POD_NAME"
+}
+
+/// Environment variable names that route deliveries through a proxy.
+pub fn proxy_env_name(name: &str) -> bool {
+    matches!(
+        name.to_ascii_uppercase().as_str(),
+        "HTTP_PROXY" | "HTTPS_PROXY" | "NO_PROXY" | "ALL_PROXY"
+    )
+}
+
+fn image_allowed(image: &str, prefixes: &[String]) -> bool {
+    prefixes.is_empty()
+        || prefixes.iter().any(|p| {
+            p == "*"
+                || image == p
+                || (image.starts_with(p.as_str())
+                    && (p.ends_with(['/', ':', '@']) || image[p.len()..].starts_with([':', '@'])))
+        })
+}
+
+/// Check a ShardSet's worker template against the operator's policy and
+/// return the set as the builders should see it: the default ServiceAccount
+/// filled in, and the operator's `LANEKEEPER_ALLOW_CIDRS` added. Pure.
+pub fn enforce_worker_policy(
+    set: &ShardSet,
+    policy: &WorkerPolicy,
+) -> Result<ShardSet, PolicyViolation> {
+    let w = &set.spec.worker;
+    let refuse = |field: String, reason: &'static str, message: String| PolicyViolation {
+        field,
+        reason,
+        message,
+    };
+    let listed = |list: &[String], v: &str| list.iter().any(|x| x == v);
+    if let Some(sa) = &w.service_account_name {
+        if !listed(&policy.allowed_service_accounts, sa)
+            && policy.service_account.as_deref() != Some(sa.as_str())
+        {
+            return Err(refuse(
+                "spec.worker.serviceAccountName".into(),
+                "ServiceAccountNotAllowed",
+                format!("ServiceAccount {sa:?} is not one the operator allows workers to run as (controller flag --allow-worker-service-account)"),
+            ));
+        }
+    }
+    if !image_allowed(&w.image, &policy.allowed_image_prefixes) {
+        return Err(refuse(
+            "spec.worker.image".into(),
+            "ImageNotAllowed",
+            format!(
+                "image {:?} does not start with an allowed prefix ({}; controller flag --allow-worker-image)",
+                w.image,
+                policy.allowed_image_prefixes.join(", ")
+            ),
+        ));
+    }
+    if let Some(pc) = &w.priority_class_name {
+        if !listed(&policy.allowed_priority_classes, pc) {
+            return Err(refuse(
+                "spec.worker.priorityClassName".into(),
+                "PriorityClassNotAllowed",
+                format!("PriorityClass {pc:?} is not one the operator allows (controller flag --allow-worker-priority-class)"),
+            ));
+        }
+    }
+    let any_toleration = listed(&policy.allowed_toleration_keys, "*");
+    for (i, t) in w.tolerations.iter().enumerate() {
+        let key = t.key.clone().unwrap_or_default();
+        if !any_toleration && (key.is_empty() || !listed(&policy.allowed_toleration_keys, &key)) {
+            return Err(refuse(
+                format!("spec.worker.tolerations[{i}]"),
+                "TolerationNotAllowed",
+                if key.is_empty() {
+                    "a toleration without a key tolerates every taint; the operator does not allow it (controller flag --allow-worker-toleration=*)".to_string()
+                } else {
+                    format!("taint key {key:?} is not one the operator allows workers to tolerate (controller flag --allow-worker-toleration)")
+                },
+            ));
+        }
+    }
+    for (i, e) in w.env.iter().enumerate() {
+        if controller_env_name(&e.name) {
+            return Err(refuse(
+                format!("spec.worker.env[{i}].name"),
+                "EnvNotAllowed",
+                format!(
+                    "{:?} is set by the controller (LANEKEEPER_* and POD_NAME)",
+                    e.name
+                ),
+            ));
+        }
+        if proxy_env_name(&e.name) && !policy.allow_proxy_env {
+            return Err(refuse(
+                format!("spec.worker.env[{i}].name"),
+                "EnvNotAllowed",
+                format!("{:?} would route deliveries through a proxy past the SSRF guard; the operator does not allow it (controller flag --allow-worker-proxy-env)", e.name),
+            ));
+        }
+        let source = e.value_from.as_ref();
+        if let Some(r) = source.and_then(|s| s.secret_key_ref.as_ref()) {
+            if !listed(&policy.allowed_env_secrets, &r.name) {
+                return Err(refuse(
+                    format!("spec.worker.env[{i}].valueFrom.secretKeyRef.name"),
+                    "SecretNotAllowed",
+                    format!("Secret {:?} is not one the operator allows workers to read (controller flag --allow-worker-secret)", r.name),
+                ));
+            }
+        }
+    }
+    let mut effective = set.clone();
+    let w = &mut effective.spec.worker;
+    if w.service_account_name.is_none() {
+        w.service_account_name = policy.service_account.clone();
+    }
+    if !policy.worker_allow_cidrs.is_empty() {
+        w.env.push(plain_env(
+            "LANEKEEPER_ALLOW_CIDRS",
+            policy.worker_allow_cidrs.join(","),
+        ));
+    }
+    Ok(effective)
+}
+
+/// A password from a Secret goes only to the URL stored with it: with
+/// `passwordSecretRef`, `urlSecretRef` must name the same Secret. Otherwise
+/// a ShardSet author could send the team's password to a server she picks
+/// (`url` pointing at her own listener). Pure; CEL says the same.
+pub fn check_redis_credentials(redis: &crate::crd::RedisSpec) -> Result<(), PolicyViolation> {
+    let Some(pw) = &redis.password_secret_ref else {
+        return Ok(());
+    };
+    match &redis.url_secret_ref {
+        Some(u) if u.name == pw.name => Ok(()),
+        Some(u) => Err(PolicyViolation {
+            field: "spec.redis.passwordSecretRef".into(),
+            reason: "PasswordNotWithURL",
+            message: format!(
+                "the password in Secret {:?} may only go to the URL stored with it, but spec.redis.urlSecretRef names Secret {:?}; name the same Secret in both",
+                pw.name, u.name
+            ),
+        }),
+        None => Err(PolicyViolation {
+            field: "spec.redis.passwordSecretRef".into(),
+            reason: "PasswordNotWithURL",
+            message: format!(
+                "the password in Secret {:?} may only go to the URL stored with it: use spec.redis.urlSecretRef naming the same Secret instead of spec.redis.url",
+                pw.name
+            ),
+        }),
+    }
+}
+
 /// `<set>-shard-07` / `<set>-lane-3`.
 pub fn deployment_name(set: &str, q: QueueId) -> String {
     format!("{set}-{q}")
@@ -368,6 +564,8 @@ pub fn worker_deployment(
         affinity: worker.affinity.clone(),
         priority_class_name: worker.priority_class_name.clone(),
         service_account_name: worker.service_account_name.clone(),
+        // Workers talk to Redis and webhook endpoints, never to the API server.
+        automount_service_account_token: Some(false),
         // Lets deliveries in flight finish or be released (the worker's grace is 25 s).
         termination_grace_period_seconds: Some(30),
         security_context: Some(PodSecurityContext {
@@ -675,5 +873,207 @@ spec:
         let mut s = set(FIXTURE);
         s.metadata.uid = None;
         assert_eq!(shard_deployments(&s).unwrap_err(), BuildError::Incomplete);
+    }
+
+    fn worker_set(worker_yaml: &str) -> ShardSet {
+        set(&format!(
+            "apiVersion: lanekeeper.io/v1alpha1\nkind: ShardSet\nmetadata: {{name: w}}\nspec:\n  shards: 1\n  redis: {{url: \"redis://r:6379\"}}\n  worker: {worker_yaml}\n"
+        ))
+    }
+
+    fn refused(worker_yaml: &str, policy: &WorkerPolicy) -> PolicyViolation {
+        enforce_worker_policy(&worker_set(worker_yaml), policy).unwrap_err()
+    }
+
+    #[test]
+    fn workers_mount_no_api_token_and_run_as_the_operators_account() {
+        let policy = WorkerPolicy {
+            service_account: Some("lanekeeper-worker".into()),
+            ..Default::default()
+        };
+        let s = enforce_worker_policy(&worker_set("{image: lk:1}"), &policy).unwrap();
+        let d = &shard_deployments(&s).unwrap()[0];
+        let pod = d.spec.as_ref().unwrap().template.spec.as_ref().unwrap();
+        assert_eq!(pod.automount_service_account_token, Some(false));
+        assert_eq!(
+            pod.service_account_name.as_deref(),
+            Some("lanekeeper-worker")
+        );
+        // Without a default: the namespace's default account, no token either.
+        let s = enforce_worker_policy(&worker_set("{image: lk:1}"), &Default::default()).unwrap();
+        let pod = shard_deployments(&s).unwrap()[0]
+            .spec
+            .clone()
+            .unwrap()
+            .template
+            .spec
+            .unwrap();
+        assert_eq!(pod.service_account_name, None);
+        assert_eq!(pod.automount_service_account_token, Some(false));
+    }
+
+    #[test]
+    fn a_service_account_the_operator_did_not_allow_is_refused() {
+        let v = refused(
+            "{image: lk:1, serviceAccountName: cluster-admin-sa}",
+            &Default::default(),
+        );
+        assert_eq!(v.field, "spec.worker.serviceAccountName");
+        assert_eq!(v.reason, "ServiceAccountNotAllowed");
+        assert!(v.to_string().contains("cluster-admin-sa"), "{v}");
+        let policy = WorkerPolicy {
+            allowed_service_accounts: vec!["hooks-worker".into()],
+            ..Default::default()
+        };
+        let s = enforce_worker_policy(
+            &worker_set("{image: lk:1, serviceAccountName: hooks-worker}"),
+            &policy,
+        )
+        .unwrap();
+        assert_eq!(
+            s.spec.worker.service_account_name.as_deref(),
+            Some("hooks-worker")
+        );
+        assert!(enforce_worker_policy(
+            &worker_set("{image: lk:1, serviceAccountName: other}"),
+            &policy
+        )
+        .is_err());
+    }
+
+    #[test]
+    fn secrets_priority_classes_images_and_tolerations_are_the_operators_to_allow() {
+        let none = WorkerPolicy::default();
+        let v = refused(
+            "{image: lk:1, env: [{name: TOKEN, valueFrom: {secretKeyRef: {name: prod-db, key: password}}}]}",
+            &none,
+        );
+        assert_eq!(v.field, "spec.worker.env[0].valueFrom.secretKeyRef.name");
+        assert_eq!(v.reason, "SecretNotAllowed");
+        let v = refused(
+            "{image: lk:1, priorityClassName: system-node-critical}",
+            &none,
+        );
+        assert_eq!(v.field, "spec.worker.priorityClassName");
+        let v = refused("{image: lk:1, tolerations: [{operator: Exists}]}", &none);
+        assert_eq!(v.field, "spec.worker.tolerations[0]");
+        assert_eq!(v.reason, "TolerationNotAllowed");
+        let allowing = WorkerPolicy {
+            allowed_env_secrets: vec!["hooks-signing".into()],
+            allowed_priority_classes: vec!["webhooks".into()],
+            allowed_image_prefixes: vec!["ghcr.io/acme/lanekeeper".into(), "registry.acme/".into()],
+            allowed_toleration_keys: vec!["dedicated".into()],
+            ..Default::default()
+        };
+        let ok = worker_set(
+            "{image: 'ghcr.io/acme/lanekeeper:1.2', priorityClassName: webhooks, \
+             tolerations: [{key: dedicated, operator: Exists}], \
+             env: [{name: KEY, valueFrom: {secretKeyRef: {name: hooks-signing, key: k}}}]}",
+        );
+        enforce_worker_policy(&ok, &allowing).unwrap();
+        for image in ["registry.acme/x/y:1", "ghcr.io/acme/lanekeeper@sha256:00"] {
+            enforce_worker_policy(&worker_set(&format!("{{image: '{image}'}}")), &allowing)
+                .unwrap();
+        }
+        for image in ["ghcr.io/acme/lanekeeper-evil:1", "docker.io/evil:1"] {
+            let v = refused(&format!("{{image: '{image}'}}"), &allowing);
+            assert_eq!(
+                (v.field.as_str(), v.reason),
+                ("spec.worker.image", "ImageNotAllowed")
+            );
+        }
+        // A toleration of every taint needs `*`, not just some keys.
+        let v = refused(
+            "{image: 'registry.acme/a:1', tolerations: [{operator: Exists}]}",
+            &allowing,
+        );
+        assert_eq!(v.field, "spec.worker.tolerations[0]");
+        let any = WorkerPolicy {
+            allowed_toleration_keys: vec!["*".into()],
+            ..Default::default()
+        };
+        enforce_worker_policy(
+            &worker_set("{image: a, tolerations: [{operator: Exists}]}"),
+            &any,
+        )
+        .unwrap();
+    }
+
+    #[test]
+    fn env_the_controller_sets_or_that_switches_off_safeguards_is_refused() {
+        let none = WorkerPolicy::default();
+        for name in [
+            "LANEKEEPER_ALLOW_CIDRS",
+            "LANEKEEPER_QUEUE",
+            "lanekeeper_proxy",
+            "POD_NAME",
+        ] {
+            let v = refused(
+                &format!("{{image: a, env: [{{name: {name}, value: x}}]}}"),
+                &none,
+            );
+            assert_eq!(
+                (v.field.as_str(), v.reason),
+                ("spec.worker.env[0].name", "EnvNotAllowed"),
+                "{name}"
+            );
+        }
+        for name in ["HTTP_PROXY", "https_proxy", "No_Proxy", "ALL_PROXY"] {
+            let v = refused(
+                &format!("{{image: a, env: [{{name: OK, value: x}}, {{name: {name}, value: x}}]}}"),
+                &none,
+            );
+            assert_eq!(v.field, "spec.worker.env[1].name", "{name}");
+        }
+        let proxies = WorkerPolicy {
+            allow_proxy_env: true,
+            worker_allow_cidrs: vec!["10.0.0.0/8".into()],
+            ..Default::default()
+        };
+        let s = enforce_worker_policy(
+            &worker_set("{image: a, env: [{name: HTTPS_PROXY, value: 'http://proxy:3128'}]}"),
+            &proxies,
+        )
+        .unwrap();
+        // The operator's CIDRs reach the workers; the author cannot set them.
+        let env = shard_deployments(&s).unwrap()[0]
+            .spec
+            .clone()
+            .unwrap()
+            .template
+            .spec
+            .unwrap()
+            .containers[0]
+            .env
+            .clone()
+            .unwrap();
+        assert!(env.iter().any(
+            |e| e.name == "LANEKEEPER_ALLOW_CIDRS" && e.value.as_deref() == Some("10.0.0.0/8")
+        ));
+    }
+
+    #[test]
+    fn a_password_goes_only_to_the_url_stored_with_it() {
+        let key = |name: &str, key: &str| SecretKeyRef {
+            name: name.into(),
+            key: key.into(),
+        };
+        let mut r = crate::crd::RedisSpec {
+            url: Some("redis://attacker:6379".into()),
+            password_secret_ref: Some(key("team-redis", "password")),
+            ..Default::default()
+        };
+        let v = check_redis_credentials(&r).unwrap_err();
+        assert_eq!(
+            (v.field.as_str(), v.reason),
+            ("spec.redis.passwordSecretRef", "PasswordNotWithURL")
+        );
+        r.url = None;
+        r.url_secret_ref = Some(key("mine", "url"));
+        assert!(check_redis_credentials(&r).is_err());
+        r.url_secret_ref = Some(key("team-redis", "url"));
+        check_redis_credentials(&r).unwrap();
+        r.password_secret_ref = None;
+        check_redis_credentials(&r).unwrap();
     }
 }

@@ -581,7 +581,15 @@ impl Io<'_> {
     }
 
     async fn apply_deployment(&self, index: i32) -> Result<(), LaneError> {
-        let d = lane_deployment(&self.set, &self.lane, index as u8)
+        // The set's worker template under the operator's limits (the set's
+        // reconcile reports a refusal in the set's status).
+        let set = super::build::enforce_worker_policy(&self.set, &self.ctx.worker_policy)
+            .map_err(|e| LaneError::Other(format!("the ShardSet is refused: {e}")))?;
+        let ns = self.lane.namespace().unwrap_or_default();
+        super::check_redis_secrets(&self.ctx.client, &ns, &set.spec.redis)
+            .await
+            .map_err(|e| LaneError::Other(format!("the ShardSet is refused: {e}")))?;
+        let d = lane_deployment(&set, &self.lane, index as u8)
             .map_err(|e| LaneError::Other(e.to_string()))?;
         let ns = self.lane.namespace().unwrap_or_default();
         let api: Api<Deployment> = Api::namespaced(self.ctx.client.clone(), &ns);

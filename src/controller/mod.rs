@@ -33,7 +33,10 @@ use crate::crd::{DedicatedLane, RedisSpec, ShardSet, ShardSetStatus};
 use crate::routing::QueueId;
 use crate::scheduler::QueuePolicy;
 use crate::store::{ConnectOptions, RedisTls, SetId, Store};
-use build::{shard_deployments_upto, shard_of, shard_selector, BuildError, FIELD_MANAGER};
+use build::{
+    shard_deployments_upto, shard_of, shard_selector, BuildError, PolicyViolation, WorkerPolicy,
+    FIELD_MANAGER,
+};
 
 /// What can go wrong in a reconcile.
 #[derive(Debug, thiserror::Error)]
@@ -42,12 +45,42 @@ pub enum Error {
     Kube(#[from] kube::Error),
     #[error("invalid spec: {0}")]
     Build(#[from] BuildError),
+    #[error("refused: {0}")]
+    Policy(#[from] PolicyViolation),
     #[error("cannot decode ShardSet {name}: {error}; fix or delete the object")]
     Undecodable { name: String, error: String },
 }
 
-/// What a cached Redis connection is for: URL, set and TLS files.
-type StoreKey = (String, SetId, Option<RedisTls>);
+/// Most Redis connections (one per set) kept at once; past it the least
+/// recently used goes.
+const MAX_STORES: usize = 4096;
+
+/// A set's Redis connection, or its last failure to connect, for the target
+/// with `fingerprint` (a hash of URL and TLS material: no secret in the map
+/// key, and a change of URL replaces the entry).
+struct CachedStore {
+    fingerprint: [u8; 32],
+    state: Result<Store, ConnectFailure>,
+    used: Instant,
+}
+
+/// A failed connect, not tried again before `retry_at` (exponential backoff).
+#[derive(Clone)]
+struct ConnectFailure {
+    retry_at: Instant,
+    attempts: u32,
+    /// Without any secret.
+    message: String,
+}
+
+/// Backoff after the `attempts`th consecutive failed connect: 5 s doubling,
+/// at most a minute (a Redis that comes back is used within a minute).
+fn connect_backoff(attempts: u32) -> Duration {
+    Duration::from_secs(
+        5u64.saturating_mul(1 << attempts.saturating_sub(1).min(6))
+            .min(60),
+    )
+}
 
 /// Shared state of the reconcilers.
 pub struct Context {
@@ -56,10 +89,9 @@ pub struct Context {
     /// (same object, reason and note) into a series only within one
     /// Recorder, so a Recorder per Event would make every repeat a new Event.
     recorder: Recorder,
-    /// One Redis connection per (URL, set, TLS files), reused across reconciles.
-    stores: Mutex<HashMap<StoreKey, Store>>,
-    /// Per set, the store its last reconcile used (what [`watch_routing`] checks).
-    current: Mutex<HashMap<SetId, Store>>,
+    /// Per set, its Redis connection (or connect failure), reused across
+    /// reconciles; pruned when the set goes, replaced when its target changes.
+    stores: Mutex<HashMap<SetId, CachedStore>>,
     /// Consecutive failures per object, for bounded exponential backoff.
     failures: Mutex<HashMap<ObjectRef<ShardSet>, u32>>,
     /// What this process last applied to each shard Deployment, so an
@@ -70,6 +102,8 @@ pub struct Context {
     /// Per set: the reshard under way, as this process last decided it.
     reshards: Mutex<HashMap<ObjectRef<ShardSet>, Arc<tokio::sync::Mutex<ReshardMemory>>>>,
     pub metrics: crate::telemetry::ControllerMetrics,
+    /// What the operator lets a ShardSet's worker template ask for.
+    pub worker_policy: WorkerPolicy,
 }
 
 impl Context {
@@ -78,13 +112,34 @@ impl Context {
             recorder: Recorder::new(client.clone(), Reporter::from(FIELD_MANAGER)),
             client,
             stores: Mutex::default(),
-            current: Mutex::default(),
             failures: Mutex::default(),
             applied: Mutex::default(),
             admission: tokio::sync::Mutex::new(()),
             reshards: Mutex::default(),
             metrics,
+            worker_policy: WorkerPolicy::default(),
         }
+    }
+
+    /// The operator's limits on worker templates.
+    pub fn with_worker_policy(mut self, policy: WorkerPolicy) -> Self {
+        self.worker_policy = policy;
+        self
+    }
+
+    /// Drop the connections of sets not in `live` (the promotion loop's
+    /// list of every set in scope).
+    pub(crate) fn prune_stores(&self, live: &std::collections::HashSet<SetId>) {
+        self.stores
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .retain(|id, _| {
+                let keep = live.contains(id);
+                if !keep {
+                    info!(namespace = %id.namespace, set = %id.name, "the set is gone: its Redis connection is closed");
+                }
+                keep
+            });
     }
 }
 
@@ -282,11 +337,11 @@ async fn watch_routing(ctx: Arc<Context>, lost: tokio::sync::mpsc::Sender<()>) {
     loop {
         tokio::time::sleep(ROUTING_WATCH).await;
         let stores: Vec<Store> = ctx
-            .current
+            .stores
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .values()
-            .cloned()
+            .filter_map(|c| c.state.as_ref().ok().cloned())
             .collect();
         for store in stores {
             if let Ok(false) = store.routing_present().await {
@@ -338,7 +393,7 @@ fn error_policy(set: Arc<ShardSet>, err: &Error, ctx: Arc<Context>) -> Action {
         .inc();
     match err {
         // Waits for a change of the spec (or of an undecodable object).
-        Error::Build(_) | Error::Undecodable { .. } => Action::await_change(),
+        Error::Build(_) | Error::Policy(_) | Error::Undecodable { .. } => Action::await_change(),
         Error::Kube(_) => {
             let mut failures = ctx.failures.lock().unwrap_or_else(|e| e.into_inner());
             let n = failures.entry(ObjectRef::from_obj(&*set)).or_default();
@@ -353,6 +408,7 @@ fn error_kind(err: &Error) -> crate::telemetry::ErrorLabels {
         kind: match err {
             Error::Kube(_) => "kube",
             Error::Build(_) => "invalid_spec",
+            Error::Policy(_) => "refused",
             Error::Undecodable { .. } => "undecodable",
         }
         .to_string(),
@@ -388,6 +444,24 @@ async fn reconcile_inner(set: &ShardSet, ctx: &Context) -> Result<Action, Error>
         write_status(&sets, set, ctx, st).await?;
         return Err(e.into());
     }
+    // What the set's author may not ask for: refused, with the field named.
+    let checked = match build::check_redis_credentials(&set.spec.redis)
+        .and_then(|()| build::enforce_worker_policy(set, &ctx.worker_policy))
+    {
+        Ok(effective) => check_redis_secrets(&ctx.client, &ns, &set.spec.redis)
+            .await
+            .map(|()| effective),
+        Err(v) => Err(v.into()),
+    };
+    let effective = match checked {
+        Ok(effective) => effective,
+        Err(Error::Policy(v)) => {
+            refuse(&sets, set, ctx, &v).await?;
+            return Err(v.into());
+        }
+        Err(e) => return Err(e),
+    };
+    let set = &effective;
     let desired = set.spec.shards as u16;
     let existing = deployments
         .list(&ListParams::default().labels(&shard_selector(&name)))
@@ -850,54 +924,200 @@ fn set_labels(set: &ShardSet) -> crate::telemetry::SetLabels {
     }
 }
 
+/// Write a refusal to status (Degraded, the reason naming what) and say
+/// it in an Event.
+async fn refuse(
+    sets: &Api<ShardSet>,
+    set: &ShardSet,
+    ctx: &Context,
+    v: &PolicyViolation,
+) -> Result<(), Error> {
+    let message = v.to_string();
+    // A flip of Degraded to True has its Event from `write_status`; a new
+    // refusal of a set Degraded already gets one here.
+    let news = set.status.as_ref().is_some_and(|s| {
+        s.conditions
+            .iter()
+            .any(|c| c.type_ == "Degraded" && c.status == "True" && c.message != message)
+    });
+    if news {
+        ctx.event(
+            &set.object_ref(&()),
+            EventType::Warning,
+            v.reason,
+            "Refuse",
+            message.clone(),
+        )
+        .await;
+    }
+    let st = status::refused(set, v.reason, &message);
+    write_status(sets, set, ctx, st).await
+}
+
+/// The Secrets `spec.redis` names must be ones the controller itself may
+/// read: worker pods mount them by reference, so a Secret outside the
+/// controller's RBAC (the chart's `redis.secretName` / `extraSecretNames`)
+/// would reach a pod the author could not create. A Secret that does not
+/// exist yet is not refused (the status says it is missing).
+pub(crate) async fn check_redis_secrets(
+    client: &Client,
+    ns: &str,
+    spec: &RedisSpec,
+) -> Result<(), Error> {
+    let api: Api<Secret> = Api::namespaced(client.clone(), ns);
+    let mut refs: Vec<(&str, &str)> = Vec::new();
+    if let Some(r) = &spec.url_secret_ref {
+        refs.push(("spec.redis.urlSecretRef.name", &r.name));
+    }
+    if let Some(r) = &spec.password_secret_ref {
+        refs.push(("spec.redis.passwordSecretRef.name", &r.name));
+    }
+    if let Some(t) = &spec.tls {
+        if let Some(r) = &t.ca_secret_ref {
+            refs.push(("spec.redis.tls.caSecretRef.name", &r.name));
+        }
+        if let Some(r) = &t.client_cert_secret_ref {
+            refs.push(("spec.redis.tls.clientCertSecretRef.name", &r.name));
+        }
+    }
+    for (field, name) in refs {
+        match api.get_metadata(name).await {
+            Err(kube::Error::Api(e)) if e.code == 403 => {
+                return Err(PolicyViolation {
+                    field: field.to_string(),
+                    reason: "SecretNotAllowed",
+                    message: format!("the controller may not read Secret {name:?}, so a ShardSet may not use it (the operator names the Secrets it may read: chart values redis.secretName, redis.extraSecretNames)"),
+                }
+                .into())
+            }
+            Ok(_) | Err(kube::Error::Api(_)) => {}
+            Err(e) => return Err(e.into()),
+        }
+    }
+    Ok(())
+}
+
+/// A fingerprint of a Redis target (URL with credentials, TLS material),
+/// so that the connection map holds no secret.
+fn fingerprint(url: &str, tls: Option<&RedisTls>) -> [u8; 32] {
+    use sha2::Digest;
+    let mut h = sha2::Sha256::new();
+    let part = |h: &mut sha2::Sha256, b: &[u8]| {
+        h.update((b.len() as u64).to_le_bytes());
+        h.update(b);
+    };
+    part(&mut h, url.as_bytes());
+    if let Some(t) = tls {
+        part(&mut h, t.ca.as_deref().unwrap_or_default());
+        if let Some((cert, key)) = &t.client {
+            part(&mut h, cert);
+            part(&mut h, key);
+        }
+    }
+    h.finalize().into()
+}
+
+/// The set's Redis connection: the cached one while its target (URL,
+/// credentials, TLS) is the same, else a new one replacing it. A failed
+/// connect is remembered and not tried again before its backoff ends, so an
+/// unreachable Redis costs nothing per reconcile or promotion tick.
 async fn store_for(set: &ShardSet, ctx: &Context) -> Result<Store, String> {
     let ns = set.namespace().unwrap_or_default();
-    let (url, tls) = redis_target(&ctx.client, &ns, &set.spec.redis).await?;
+    let (url, tls, secrets) = redis_target(&ctx.client, &ns, &set.spec.redis)
+        .await
+        .map_err(|(e, secrets)| scrub(&e, &secrets))?;
     let id = SetId::new(&ns, set.name_any());
-    let key = (url.clone(), id.clone(), tls.clone());
-    if let Some(s) = ctx
+    let print = fingerprint(&url, tls.as_ref());
+    let now = Instant::now();
+    let mut attempts = 0;
+    if let Some(c) = ctx
         .stores
         .lock()
         .unwrap_or_else(|e| e.into_inner())
-        .get(&key)
-        .cloned()
+        .get_mut(&id)
+        .filter(|c| c.fingerprint == print)
     {
-        ctx.current
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .insert(id, s.clone());
-        return Ok(s);
+        c.used = now;
+        match &c.state {
+            Ok(store) => return Ok(store.clone()),
+            Err(f) if now < f.retry_at => return Err(f.message.clone()),
+            Err(f) => attempts = f.attempts,
+        }
     }
     let opts = ConnectOptions {
         connect_timeout: Duration::from_secs(3),
         response_timeout: Duration::from_secs(3),
     };
-    let store = Store::connect_tls(&url, id, opts, tls)
+    let result = Store::connect_tls(&url, id.clone(), opts, tls)
         .await
-        .map_err(|e| format!("cannot reach Redis for {ns}/{}: {e}", set.name_any()))?;
-    ctx.stores
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .insert(key, store.clone());
-    ctx.current
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .insert(store.set().clone(), store.clone());
-    Ok(store)
+        .map_err(|e| {
+            scrub(
+                &format!("cannot reach Redis for {ns}/{}: {e}", set.name_any()),
+                &secrets,
+            )
+        });
+    let state = result.clone().map_err(|message| ConnectFailure {
+        retry_at: Instant::now() + connect_backoff(attempts + 1),
+        attempts: attempts + 1,
+        message,
+    });
+    let mut stores = ctx.stores.lock().unwrap_or_else(|e| e.into_inner());
+    if stores.len() >= MAX_STORES && !stores.contains_key(&id) {
+        if let Some(oldest) = stores
+            .iter()
+            .min_by_key(|(_, c)| c.used)
+            .map(|(k, _)| k.clone())
+        {
+            stores.remove(&oldest);
+        }
+    }
+    stores.insert(
+        id,
+        CachedStore {
+            fingerprint: print,
+            state,
+            used: now,
+        },
+    );
+    result
+}
+
+/// `message` with every secret value in it replaced by `***`.
+fn scrub(message: &str, secrets: &[String]) -> String {
+    let mut out = message.to_string();
+    for s in secrets.iter().filter(|s| !s.is_empty()) {
+        out = out.replace(s.as_str(), "***");
+    }
+    out
 }
 
 /// The Redis URL of a set (user name and password in it) and its TLS
-/// material, resolving Secret references.
+/// material, resolving Secret references; with the secret values read (the
+/// URL when it came from a Secret, the password), which no message may carry.
+/// An error comes with them too, to scrub it.
 async fn redis_target(
     client: &Client,
     ns: &str,
     spec: &RedisSpec,
+) -> Result<(String, Option<RedisTls>, Vec<String>), (String, Vec<String>)> {
+    let mut secrets = Vec::new();
+    match redis_target_inner(client, ns, spec, &mut secrets).await {
+        Ok((url, tls)) => Ok((url, tls, secrets)),
+        Err(e) => Err((e, secrets)),
+    }
+}
+
+async fn redis_target_inner(
+    client: &Client,
+    ns: &str,
+    spec: &RedisSpec,
+    secrets: &mut Vec<String>,
 ) -> Result<(String, Option<RedisTls>), String> {
-    let secrets: Api<Secret> = Api::namespaced(client.clone(), ns);
+    let api: Api<Secret> = Api::namespaced(client.clone(), ns);
     let read_bytes = |name: String, key: String| {
-        let secrets = secrets.clone();
+        let api = api.clone();
         async move {
-            let s = secrets
+            let s = api
                 .get(&name)
                 .await
                 .map_err(|e| format!("reading Secret {ns}/{name}: {e}"))?;
@@ -914,18 +1134,32 @@ async fn redis_target(
                 .map_err(|_| format!("Secret {ns}/{name} key {key} is not UTF-8"))
         }
     };
-    let url = match (&spec.url, &spec.url_secret_ref) {
-        (_, Some(r)) => read(r.name.clone(), r.key.clone()).await?,
-        (Some(u), None) => u.clone(),
+    // A URL read from a Secret is never shown, not even redacted: the key
+    // may hold something else entirely (a password).
+    let (url, from_secret) = match (&spec.url, &spec.url_secret_ref) {
+        (_, Some(r)) => {
+            let url = read(r.name.clone(), r.key.clone()).await?;
+            secrets.push(url.clone());
+            (url, Some(r))
+        }
+        (Some(u), None) => (u.clone(), None),
         (None, None) => return Err("spec.redis has neither url nor urlSecretRef".to_string()),
+    };
+    let hidden = |e: String| match from_secret {
+        Some(r) => format!(
+            "the Redis URL in Secret {ns}/{} key {} is not usable (value not shown)",
+            r.name, r.key
+        ),
+        None => e,
     };
     let mut url = crate::store::cluster_url(&url, spec.cluster);
     if let Some(user) = &spec.username {
-        url = crate::store::with_username(&url, user)?;
+        url = crate::store::with_username(&url, user).map_err(hidden)?;
     }
     if let Some(r) = &spec.password_secret_ref {
         let password = read(r.name.clone(), r.key.clone()).await?;
-        url = crate::store::with_password(&url, &password)?;
+        secrets.push(password.clone());
+        url = crate::store::with_password(&url, &password).map_err(hidden)?;
     }
     let mut tls = RedisTls::default();
     if let Some(t) = &spec.tls {
@@ -940,10 +1174,16 @@ async fn redis_target(
     }
     let tls = (tls != RedisTls::default()).then_some(tls);
     if tls.is_some() && !crate::store::is_tls_url(&url) {
-        return Err(format!(
+        return Err(hidden(format!(
             "spec.redis.tls is set but the Redis URL {} is not rediss:// (or rediss+cluster://)",
             crate::store::redact(&url)
-        ));
+        )));
+    }
+    if from_secret.is_some()
+        && url::Url::parse(&url).is_err()
+        && crate::store::cluster_nodes(&url).is_none()
+    {
+        return Err(hidden(String::new()));
     }
     Ok((url, tls))
 }
@@ -1008,6 +1248,34 @@ fn record_lanes(set: &ShardSet, all_lanes: &[DedicatedLane], ctx: &Context) {
         })
         .collect();
     ctx.metrics.record_lanes(&ns, &name, &views);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn connect_failures_back_off_to_a_minute() {
+        let secs: Vec<u64> = (1..=6).map(|n| connect_backoff(n).as_secs()).collect();
+        assert_eq!(secs, [5, 10, 20, 40, 60, 60]);
+    }
+
+    #[test]
+    fn messages_are_scrubbed_of_secret_values_and_keys_hold_none() {
+        let secrets = vec!["pw-1".to_string(), String::new()];
+        assert_eq!(
+            scrub("redis url \"pw-1\": relative URL without a base", &secrets),
+            "redis url \"***\": relative URL without a base"
+        );
+        let a = fingerprint("redis://:pw-1@r:6379", None);
+        assert_ne!(a, fingerprint("redis://:pw-2@r:6379", None));
+        let tls = RedisTls {
+            ca: Some(b"ca".to_vec()),
+            client: None,
+        };
+        assert_ne!(a, fingerprint("redis://:pw-1@r:6379", Some(&tls)));
+        assert!(!String::from_utf8_lossy(&a).contains("pw-1"));
+    }
 }
 
 #[cfg(test)]

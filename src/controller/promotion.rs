@@ -213,7 +213,20 @@ fn covered(window: Duration, now_ms: u64) -> Duration {
     Duration::from_millis((buckets - 1) * bucket + now_ms % bucket)
 }
 
+/// Sets measured at once by the promotion loop.
+pub const PROMOTION_CONCURRENCY: usize = 16;
+
+/// The longest one set's promotion tick may take: its period, at least 1 s
+/// and at most 30 s. A set past it is abandoned for this round.
+pub fn set_deadline(tick: Duration) -> Duration {
+    tick.clamp(Duration::from_secs(1), Duration::from_secs(30))
+}
+
 /// The promotion loop: every `tick`, each ShardSet in scope is measured.
+/// Sets are isolated from each other: each is measured in its own task, at
+/// most [`PROMOTION_CONCURRENCY`] at once, each within [`set_deadline`], and a
+/// set whose previous round still runs is skipped, so a Redis that accepts
+/// and never answers delays only its own sets.
 pub async fn run(ctx: Arc<Context>, namespace: Option<String>, tick: Duration) {
     let sets: Api<DeserializeGuard<ShardSet>> = match &namespace {
         Some(ns) => Api::namespaced(ctx.client.clone(), ns),
@@ -221,6 +234,9 @@ pub async fn run(ctx: Arc<Context>, namespace: Option<String>, tick: Duration) {
     };
     let mut interval = tokio::time::interval(tick.max(Duration::from_millis(100)));
     interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let permits = Arc::new(tokio::sync::Semaphore::new(PROMOTION_CONCURRENCY));
+    let running: Arc<std::sync::Mutex<BTreeSet<(String, String)>>> = Arc::default();
+    let deadline = set_deadline(tick);
     loop {
         interval.tick().await;
         let list = match sets.list(&ListParams::default()).await {
@@ -230,13 +246,54 @@ pub async fn run(ctx: Arc<Context>, namespace: Option<String>, tick: Duration) {
                 continue;
             }
         };
+        // The Redis connections of sets that are gone are closed.
+        let live: std::collections::HashSet<crate::store::SetId> = list
+            .items
+            .iter()
+            .map(|s| {
+                let meta = match &s.0 {
+                    Ok(set) => &set.metadata,
+                    Err(invalid) => &invalid.metadata,
+                };
+                crate::store::SetId::new(
+                    meta.namespace.clone().unwrap_or_default(),
+                    meta.name.clone().unwrap_or_default(),
+                )
+            })
+            .collect();
+        ctx.prune_stores(&live);
         for set in list.items.into_iter().filter_map(|s| s.0.ok()) {
             if set.metadata.deletion_timestamp.is_some() {
                 continue;
             }
-            if let Err(e) = tick_set(&set, &ctx).await {
-                warn!(set = %set.name_any(), error = %e, "promotion: tick failed");
+            let key = (set.namespace().unwrap_or_default(), set.name_any());
+            if !running
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .insert(key.clone())
+            {
+                continue;
             }
+            let (ctx, permits, running) = (ctx.clone(), permits.clone(), running.clone());
+            tokio::spawn(async move {
+                if let Ok(_permit) = permits.acquire_owned().await {
+                    match tokio::time::timeout(deadline, tick_set(&set, &ctx)).await {
+                        Ok(Ok(())) => {}
+                        Ok(Err(e)) => {
+                            warn!(set = %set.name_any(), error = %e, "promotion: tick failed")
+                        }
+                        Err(_) => warn!(
+                            set = %set.name_any(),
+                            ?deadline,
+                            "promotion: tick abandoned past its deadline"
+                        ),
+                    }
+                }
+                running
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .remove(&key);
+            });
         }
     }
 }
@@ -359,6 +416,7 @@ async fn tick_set(set: &ShardSet, ctx: &Context) -> anyhow::Result<()> {
     if decision.hot != prev.promotion_candidates || decision.cold != prev.demotion_candidates {
         write_candidates(&sets, &name, &decision).await?;
     }
+    tracing::debug!(namespace = %ns, set = %name, "promotion: set measured");
     Ok(())
 }
 

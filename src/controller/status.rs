@@ -112,6 +112,11 @@ fn deployment_failure(d: &Deployment) -> Option<String> {
 
 /// Status for a spec the controller cannot serve.
 pub fn invalid_spec(set: &ShardSet, message: &str) -> ShardSetStatus {
+    refused(set, "InvalidSpec", message)
+}
+
+/// Status for a spec the controller refuses, with the condition reason.
+pub fn refused(set: &ShardSet, reason: &str, message: &str) -> ShardSetStatus {
     let prev = set.status.clone().unwrap_or_default();
     let generation = set.metadata.generation;
     ShardSetStatus {
@@ -121,7 +126,7 @@ pub fn invalid_spec(set: &ShardSet, message: &str) -> ShardSetStatus {
                 &prev.conditions,
                 "Ready",
                 false,
-                "InvalidSpec",
+                reason,
                 message.to_string(),
                 generation,
             ),
@@ -129,7 +134,7 @@ pub fn invalid_spec(set: &ShardSet, message: &str) -> ShardSetStatus {
                 &prev.conditions,
                 "Degraded",
                 true,
-                "InvalidSpec",
+                reason,
                 message.to_string(),
                 generation,
             ),
@@ -137,7 +142,7 @@ pub fn invalid_spec(set: &ShardSet, message: &str) -> ShardSetStatus {
                 &prev.conditions,
                 "Progressing",
                 false,
-                "InvalidSpec",
+                reason,
                 message.to_string(),
                 generation,
             ),

@@ -95,6 +95,7 @@ pub struct ShardSetSpec {
 /// queues. Give exactly one of `url` and `urlSecretRef`.
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
 #[x_kube(validation = Rule::new("has(self.url) != has(self.urlSecretRef)").message("redis: set exactly one of url and urlSecretRef"))]
+#[x_kube(validation = Rule::new("!has(self.passwordSecretRef) || (has(self.urlSecretRef) && self.urlSecretRef.name == self.passwordSecretRef.name)").message("redis.passwordSecretRef must name the same Secret as redis.urlSecretRef: a password from a Secret goes only to the URL stored with it"))]
 #[x_kube(validation = Rule::new("!has(self.username) || has(self.passwordSecretRef)").message("redis.username needs redis.passwordSecretRef: an ACL user authenticates with a password"))]
 #[x_kube(validation = Rule::new("!has(self.tls) || !has(self.url) || self.url.startsWith('rediss')").message("redis.tls needs a rediss:// or rediss+cluster:// url"))]
 #[serde(rename_all = "camelCase")]
@@ -117,7 +118,9 @@ pub struct RedisSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub url_secret_ref: Option<SecretKeyRef>,
 
-    /// A key of a Secret in this namespace holding the Redis password (used with `url`).
+    /// A key of a Secret in this namespace holding the Redis password, for a
+    /// URL without one. Must name the same Secret as `urlSecretRef`: a
+    /// password goes only to the URL stored with it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub password_secret_ref: Option<SecretKeyRef>,
 
@@ -267,8 +270,13 @@ pub struct WorkerTemplate {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub resources: Option<ResourceRequirements>,
 
-    /// Extra environment variables for the worker container.
+    /// Extra environment variables for the worker container. Not
+    /// `LANEKEEPER_*` or `POD_NAME` (the controller sets those), nor the
+    /// proxy variables or Secrets the operator does not allow (README,
+    /// "Security model").
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[x_kube(validation = Rule::new("self.all(e, !e.name.startsWith('LANEKEEPER_') && e.name != 'POD_NAME')").message("worker.env must not set LANEKEEPER_* or POD_NAME: the controller sets them"))]
+    #[schemars(length(max = 256))]
     pub env: Vec<EnvVar>,
 
     /// Node labels the worker pods must match.

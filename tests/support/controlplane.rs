@@ -369,11 +369,19 @@ impl ControlPlane {
         env: &[(&str, &str)],
     ) -> (u32, PathBuf) {
         let root = Path::new(env!("CARGO_MANIFEST_DIR"));
-        self.kubectl_ok(&[
-            "apply",
-            "-f",
-            &root.join("config/rbac/role.yaml").display().to_string(),
-        ]);
+        // Once per control plane: two tests applying it at once race
+        // (AlreadyExists).
+        static ROLE: std::sync::Mutex<bool> = std::sync::Mutex::new(false);
+        let mut applied = ROLE.lock().unwrap_or_else(|e| e.into_inner());
+        if !*applied {
+            self.kubectl_ok(&[
+                "apply",
+                "-f",
+                &root.join("config/rbac/role.yaml").display().to_string(),
+            ]);
+            *applied = true;
+        }
+        drop(applied);
         let election =
             std::fs::read_to_string(root.join("config/components/leader-election/role.yaml"))
                 .expect("read the leader-election Role")
