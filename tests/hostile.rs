@@ -99,6 +99,34 @@ fn flat_ints(bytes: usize) -> String {
 /// binary with its default limits, measured as the process's peak RSS
 /// (VmHWM, reset before each request). Before the fix, the NDJSON body of
 /// `x` lines peaked at about 2 GB at 16 MiB.
+/// Ingest for `set` (`<ns>/<name>`) after writing its routing table (4
+/// shards), as the controller does before anyone routes: without one,
+/// ingest answers 503 "routing table missing" (issue 18). Usable from sync
+/// and async tests alike.
+fn routed_ingest(redis_url: &str, set: &str, extra: &[&str]) -> support::workers::Ingest {
+    let (ns, name) = set.split_once('/').expect("set as <ns>/<name>");
+    let (url, ns, name) = (redis_url.to_string(), ns.to_string(), name.to_string());
+    std::thread::spawn(move || {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("a runtime")
+            .block_on(async {
+                let store = lanekeeper::store::Store::connect(
+                    &url,
+                    lanekeeper::store::SetId::new(&ns, &name),
+                    Default::default(),
+                )
+                .await
+                .expect("connect to Redis");
+                store.set_shards(4).await.expect("write the routing table");
+            })
+    })
+    .join()
+    .expect("routing table written");
+    support::workers::Ingest::spawn(redis_url, set, extra)
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn no_single_request_takes_ingest_past_256_mib() {
     let redis = support::redis::shared();
@@ -302,7 +330,7 @@ async fn no_single_request_takes_ingest_past_256_mib() {
 #[tokio::test]
 async fn random_methods_and_paths_do_not_grow_the_metrics() {
     let redis = support::redis::shared();
-    let ingest = support::workers::Ingest::spawn(&redis.url, "hostile/metrics", &[]);
+    let ingest = routed_ingest(&redis.url, "hostile/metrics", &[]);
     let base = ingest.base();
     let http = http();
     for i in 0..300 {
@@ -402,7 +430,7 @@ fn poll_closed(s: &mut TcpStream) -> Option<String> {
 #[test]
 fn slow_connections_are_cut_off_and_normal_requests_stay_prompt() {
     let redis = support::redis::shared();
-    let ingest = support::workers::Ingest::spawn(
+    let ingest = routed_ingest(
         &redis.url,
         "hostile/slow",
         &["--header-read-timeout", "2s", "--body-read-timeout", "3s"],
@@ -488,7 +516,7 @@ fn slow_connections_are_cut_off_and_normal_requests_stay_prompt() {
 #[test]
 fn connections_past_the_cap_wait_for_a_free_slot() {
     let redis = support::redis::shared();
-    let ingest = support::workers::Ingest::spawn(
+    let ingest = routed_ingest(
         &redis.url,
         "hostile/cap",
         &["--max-connections", "20", "--header-read-timeout", "2s"],
@@ -522,7 +550,7 @@ fn connections_past_the_cap_wait_for_a_free_slot() {
 #[tokio::test]
 async fn endpoint_definitions_are_limited_and_each_refusal_names_field_and_limit() {
     let redis = support::redis::shared();
-    let ingest = support::workers::Ingest::spawn(&redis.url, "hostile/limits", &[]);
+    let ingest = routed_ingest(&redis.url, "hostile/limits", &[]);
     let (base, key) = (ingest.base(), ingest.key.clone());
     let http = http();
     let put = |name: String, body: Value| {
@@ -613,7 +641,7 @@ async fn endpoint_definitions_are_limited_and_each_refusal_names_field_and_limit
 #[tokio::test]
 async fn tenant_ids_follow_the_documented_rule_at_every_entry() {
     let redis = support::redis::shared();
-    let ingest = support::workers::Ingest::spawn(&redis.url, "hostile/tenants", &[]);
+    let ingest = routed_ingest(&redis.url, "hostile/tenants", &[]);
     let (base, key) = (ingest.base(), ingest.key.clone());
     let http = http();
     let bad = [
@@ -1213,7 +1241,7 @@ fn schemathesis() -> (std::path::PathBuf, std::path::PathBuf) {
 fn schemathesis_finds_no_server_error_and_no_undocumented_status() {
     let (python, dir) = schemathesis();
     let redis = support::redis::shared();
-    let ingest = support::workers::Ingest::spawn(&redis.url, "hostile/schemathesis", &[]);
+    let ingest = routed_ingest(&redis.url, "hostile/schemathesis", &[]);
     let secs = std::env::var("LANEKEEPER_SCHEMATHESIS_SECS").unwrap_or_else(|_| "60".into());
     let report = support::process::scratch_dir("schemathesis");
     let out = std::process::Command::new(&python)
@@ -1260,7 +1288,7 @@ async fn raw_bytes_against_the_served_api_get_documented_4xx_only() {
     use proptest::prelude::*;
     use proptest::strategy::ValueTree;
     let redis = support::redis::shared();
-    let ingest = support::workers::Ingest::spawn(&redis.url, "hostile/fuzz", &[]);
+    let ingest = routed_ingest(&redis.url, "hostile/fuzz", &[]);
     let (base, key) = (ingest.base(), ingest.key.clone());
     let http = http();
     let (s, v) = send(
