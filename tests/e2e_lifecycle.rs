@@ -377,11 +377,7 @@ fn a_deployment_the_api_refuses_is_degraded_with_an_event() {
     let env = Env::start("life-reject", &[]);
     env.apply(&env.set_yaml(1, ", replicas: 1", ""));
     env.wait_ready();
-    env.apply(&env.set_yaml(
-        1,
-        ", replicas: 1, nodeSelector: {\"bad key!\": x}",
-        "",
-    ));
+    env.apply(&env.set_yaml(1, ", replicas: 1, nodeSelector: {\"bad key!\": x}", ""));
     env.wait(
         "Degraded=True DeploymentFailed",
         Duration::from_secs(60),
@@ -396,11 +392,9 @@ fn a_deployment_the_api_refuses_is_degraded_with_an_event() {
         s["status"]["observedGeneration"], s["metadata"]["generation"],
         "status is stale"
     );
-    env.wait(
-        "a DeploymentFailed Event",
-        Duration::from_secs(30),
-        || !env.events_with_reason("DeploymentFailed").is_empty(),
-    );
+    env.wait("a DeploymentFailed Event", Duration::from_secs(30), || {
+        !env.events_with_reason("DeploymentFailed").is_empty()
+    });
 }
 
 /// Item 12: zero replicas on every shard is not Ready.
@@ -414,7 +408,11 @@ fn zero_replicas_is_not_ready() {
     // Give the Deployments time to report (0 of 0 available).
     std::thread::sleep(Duration::from_secs(5));
     let (status, reason, message) = env.set_condition("Ready");
-    assert_eq!((status.as_str(), reason.as_str()), ("False", "NoWorkers"), "{message}");
+    assert_eq!(
+        (status.as_str(), reason.as_str()),
+        ("False", "NoWorkers"),
+        "{message}"
+    );
 }
 
 /// Item 12: a lane whose worker template has zero replicas does not take

@@ -154,7 +154,9 @@ pub fn lane_deployment(
 /// The set as controller owner, with `blockOwnerDeletion`: a foreground
 /// deletion of the set waits for its Deployments to go.
 fn owner(set: &ShardSet) -> Result<OwnerReference, BuildError> {
-    let mut o = set.controller_owner_ref(&()).ok_or(BuildError::Incomplete)?;
+    let mut o = set
+        .controller_owner_ref(&())
+        .ok_or(BuildError::Incomplete)?;
     o.block_owner_deletion = Some(true);
     Ok(o)
 }
@@ -500,7 +502,10 @@ spec:
             Some("another-uid")
         ));
         assert!(!owned_by(&[], Some(owner.uid.as_str())));
-        assert!(!owned_by(d.metadata.owner_references.as_deref().unwrap(), None));
+        assert!(!owned_by(
+            d.metadata.owner_references.as_deref().unwrap(),
+            None
+        ));
         let spec = d.spec.as_ref().unwrap();
         assert_eq!(spec.replicas, Some(2));
         let c = &spec.template.spec.as_ref().unwrap().containers[0];

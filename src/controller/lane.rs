@@ -1601,6 +1601,9 @@ mod tests {
         };
         let cs = conditions(&st, Some(&Refusal::NoWorkers), Some(1), 8);
         let a = cs.iter().find(|c| c.type_ == "Admitted").unwrap();
-        assert_eq!((a.status.as_str(), a.reason.as_str()), ("False", "NoWorkers"));
+        assert_eq!(
+            (a.status.as_str(), a.reason.as_str()),
+            ("False", "NoWorkers")
+        );
     }
 }

@@ -704,9 +704,15 @@ async fn finalize(
     match finalize_step(set.finalizers(), names) {
         Finalize::Orphaning => return Ok(Action::requeue(Duration::from_secs(1))),
         Finalize::RetireLanes(names) => {
-            for lane in lanes.iter().filter(|l| l.metadata.deletion_timestamp.is_none()) {
+            for lane in lanes
+                .iter()
+                .filter(|l| l.metadata.deletion_timestamp.is_none())
+            {
                 info!(set = %name, lane = %lane.name_any(), "the set is being deleted: retiring its lane");
-                match lane_api.delete(&lane.name_any(), &DeleteParams::default()).await {
+                match lane_api
+                    .delete(&lane.name_any(), &DeleteParams::default())
+                    .await
+                {
                     Ok(_) => {}
                     Err(kube::Error::Api(e)) if e.code == 404 => {}
                     Err(e) => return Err(e.into()),
@@ -762,8 +768,12 @@ async fn set_finalizers(
             "resourceVersion": set.resource_version(),
         }
     });
-    sets.patch(&set.name_any(), &PatchParams::default(), &Patch::Merge(&patch))
-        .await?;
+    sets.patch(
+        &set.name_any(),
+        &PatchParams::default(),
+        &Patch::Merge(&patch),
+    )
+    .await?;
     Ok(())
 }
 

@@ -621,7 +621,11 @@ mod tests {
             Some("c-other".to_string())
         );
         // Nothing serves it: nothing to patch.
-        let waiting = vec![lane("a-dup", "whale", serde_json::json!({"phase": "Pending"}))];
+        let waiting = vec![lane(
+            "a-dup",
+            "whale",
+            serde_json::json!({"phase": "Pending"}),
+        )];
         assert!(lane_to_demote(&waiting, "whale").is_none());
         assert!(lane_to_demote(&lanes, "nobody").is_none());
     }

@@ -264,8 +264,8 @@ pub fn compute(
         .iter()
         .filter(|d| replicas_wanted(d) == 0)
         .count() as i32;
-    let rolling_out = deployments.iter().any(|d| !shard_available(d))
-        || (deployments.len() as i32) < desired;
+    let rolling_out =
+        deployments.iter().any(|d| !shard_available(d)) || (deployments.len() as i32) < desired;
     let failures: Vec<String> = deployments
         .iter()
         .filter_map(|d| deployment_failure(d))
@@ -845,7 +845,10 @@ mod tests {
         let set = a_set();
         let st = compute_with(&set, &[deployment("s-shard-00", 0, serde_json::json!([]))]);
         let r = cond(&st, "Ready");
-        assert_eq!((r.status.as_str(), r.reason.as_str()), ("False", "NoWorkers"));
+        assert_eq!(
+            (r.status.as_str(), r.reason.as_str()),
+            ("False", "NoWorkers")
+        );
         assert_eq!(st.ready_summary.as_deref(), Some("0/1"));
         // Nothing is rolling out either: it is simply not served.
         assert_eq!(cond(&st, "Progressing").status, "False");
@@ -859,7 +862,10 @@ mod tests {
         let st = compute_with(&auto, &[deployment("s-shard-00", 0, serde_json::json!([]))]);
         assert_eq!(cond(&st, "Ready").status, "True");
         let z = cond(&st, "ScaledToZero");
-        assert_eq!((z.status.as_str(), z.reason.as_str()), ("True", "AutoscaledToZero"));
+        assert_eq!(
+            (z.status.as_str(), z.reason.as_str()),
+            ("True", "AutoscaledToZero")
+        );
         let st = compute_with(&auto, &[deployment("s-shard-00", 3, serde_json::json!([]))]);
         assert_eq!(cond(&st, "ScaledToZero").status, "False");
     }
@@ -880,12 +886,21 @@ mod tests {
         failing.status.as_mut().unwrap().available_replicas = Some(0);
         let st = compute_with(&set, &[failing.clone()]);
         let d = cond(&st, "Degraded");
-        assert_eq!((d.status.as_str(), d.reason.as_str()), ("True", "DeploymentFailed"));
+        assert_eq!(
+            (d.status.as_str(), d.reason.as_str()),
+            ("True", "DeploymentFailed")
+        );
         assert!(d.message.contains("exceeded quota"), "{}", d.message);
         assert_eq!(cond(&st, "Ready").status, "False");
-        assert!(deployment_failure(&failing).unwrap().starts_with("s-shard-00: "));
-        let healthy = deployment("s-shard-00", 1, serde_json::json!([
-            {"type": "ReplicaFailure", "status": "False", "reason": "Recovered"}]));
+        assert!(deployment_failure(&failing)
+            .unwrap()
+            .starts_with("s-shard-00: "));
+        let healthy = deployment(
+            "s-shard-00",
+            1,
+            serde_json::json!([
+            {"type": "ReplicaFailure", "status": "False", "reason": "Recovered"}]),
+        );
         assert_eq!(deployment_failure(&healthy), None);
     }
 
@@ -903,6 +918,8 @@ mod tests {
         assert_eq!(cond(&st, "Ready").status, "False");
         // A new set's first status names the failure in an Event.
         let events = transitions(&ShardSetStatus::default(), &st);
-        assert!(events.iter().any(|t| t.type_ == "Degraded" && t.warning && t.reason == "DeploymentFailed"));
+        assert!(events
+            .iter()
+            .any(|t| t.type_ == "Degraded" && t.warning && t.reason == "DeploymentFailed"));
     }
 }
