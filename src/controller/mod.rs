@@ -686,7 +686,7 @@ async fn finalize(
     set: &ShardSet,
     ctx: &Context,
     sets: &Api<ShardSet>,
-    lane_api: &Api<DedicatedLane>,
+    lane_api: &Api<DeserializeGuard<DedicatedLane>>,
 ) -> Result<Action, Error> {
     if !set.finalizers().iter().any(|f| f == FINALIZER) {
         return Ok(Action::await_change());
@@ -697,6 +697,8 @@ async fn finalize(
         .await?
         .items
         .into_iter()
+        // An undecodable lane cannot be retired by the lane reconciler either.
+        .filter_map(|l| l.0.ok())
         .filter(|l| l.spec.shard_set == name)
         .filter(|l| build::owned_by(l.owner_references(), set.uid().as_deref()))
         .collect();
