@@ -369,11 +369,16 @@ impl ControlPlane {
         env: &[(&str, &str)],
     ) -> (u32, PathBuf) {
         let root = Path::new(env!("CARGO_MANIFEST_DIR"));
-        self.kubectl_ok(&[
-            "apply",
-            "-f",
-            &root.join("config/rbac/role.yaml").display().to_string(),
-        ]);
+        // The ClusterRole is cluster-wide: applied once per control plane
+        // (tests applying it at the same time conflict).
+        static ROLE: std::sync::Once = std::sync::Once::new();
+        ROLE.call_once(|| {
+            self.kubectl_ok(&[
+                "apply",
+                "-f",
+                &root.join("config/rbac/role.yaml").display().to_string(),
+            ]);
+        });
         let election =
             std::fs::read_to_string(root.join("config/components/leader-election/role.yaml"))
                 .expect("read the leader-election Role")
