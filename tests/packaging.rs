@@ -356,6 +356,7 @@ fn expected_rules(secret_names: &[&str]) -> Vec<Value> {
             &[],
             &["create", "patch", "delete"],
         ),
+        rule(&["lanekeeper.io"], &["shardsets"], &[], &["patch"]),
         rule(
             &["lanekeeper.io"],
             &["shardsets/finalizers", "dedicatedlanes/finalizers"],
@@ -851,6 +852,8 @@ fn service_account_may_do_what_the_controller_needs_and_nothing_else() {
         vec!["list", "shardsets.lanekeeper.io", "--all-namespaces"],
         vec!["watch", "shardsets.lanekeeper.io", "--all-namespaces"],
         vec!["get", "shardsets.lanekeeper.io", "-n", sets],
+        // The set's finalizer (lanekeeper.io/retire-lanes).
+        vec!["patch", "shardsets.lanekeeper.io", "-n", sets],
         vec!["list", "dedicatedlanes.lanekeeper.io", "--all-namespaces"],
         vec!["watch", "dedicatedlanes.lanekeeper.io", "--all-namespaces"],
         vec!["create", "dedicatedlanes.lanekeeper.io", "-n", sets],
@@ -925,7 +928,6 @@ fn service_account_may_do_what_the_controller_needs_and_nothing_else() {
         vec!["bind", "clusterroles"],
         vec!["impersonate", "users"],
         vec!["create", "serviceaccounts/token", "-n", rel],
-        vec!["patch", "shardsets.lanekeeper.io", "-n", sets],
         vec!["delete", "shardsets.lanekeeper.io", "-n", sets],
         vec!["update", "deployments.apps", "-n", sets],
         vec!["create", "events", "-n", sets],

@@ -347,8 +347,21 @@ pub fn lane_deployment(
     worker_deployment(set, QueueId::Lane(index), "lane", &lane_worker(set, lane))
 }
 
+/// The set as controller owner, with `blockOwnerDeletion`: a foreground
+/// deletion of the set waits for its Deployments to go.
 fn owner(set: &ShardSet) -> Result<OwnerReference, BuildError> {
-    set.controller_owner_ref(&()).ok_or(BuildError::Incomplete)
+    let mut o = set
+        .controller_owner_ref(&())
+        .ok_or(BuildError::Incomplete)?;
+    o.block_owner_deletion = Some(true);
+    Ok(o)
+}
+
+/// Does the object with these owner references belong to the owner with
+/// `uid`? (Labels say which set a Deployment is for; only the owner
+/// reference says the set made it: nothing else is pruned.)
+pub fn owned_by(owners: &[OwnerReference], uid: Option<&str>) -> bool {
+    uid.is_some_and(|uid| owners.iter().any(|o| o.uid == uid))
 }
 
 fn secret_env(name: &str, r: &SecretKeyRef) -> EnvVar {
@@ -676,6 +689,21 @@ spec:
             (owner.kind.as_str(), owner.name.as_str(), owner.controller),
             ("ShardSet", "webhooks", Some(true))
         );
+        assert_eq!(owner.block_owner_deletion, Some(true));
+        assert!(owned_by(
+            d.metadata.owner_references.as_deref().unwrap(),
+            Some(owner.uid.as_str())
+        ));
+        // Carrying the set's labels is not enough to be pruned as its own.
+        assert!(!owned_by(
+            d.metadata.owner_references.as_deref().unwrap(),
+            Some("another-uid")
+        ));
+        assert!(!owned_by(&[], Some(owner.uid.as_str())));
+        assert!(!owned_by(
+            d.metadata.owner_references.as_deref().unwrap(),
+            None
+        ));
         let spec = d.spec.as_ref().unwrap();
         assert_eq!(spec.replicas, Some(2));
         let c = &spec.template.spec.as_ref().unwrap().containers[0];

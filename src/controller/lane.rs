@@ -68,6 +68,9 @@ pub enum Refusal {
     LaneCapReached { used: usize, max: usize },
     /// Another DedicatedLane of the set serves this tenant.
     DuplicateTenant(String),
+    /// The lane's worker template asks for 0 replicas (and no autoscaler):
+    /// nobody would serve the tenant there, so it stays on its shard.
+    NoWorkers,
 }
 
 /// What the admission decision needs to know of one lane of the set.
@@ -174,6 +177,24 @@ pub fn conditions(
 ) -> Vec<Condition> {
     let prev = &st.conditions;
     let admitted = match (st.lane_index, refusal) {
+        (_, Some(Refusal::NoWorkers)) => condition(
+            prev,
+            "Admitted",
+            false,
+            "NoWorkers",
+            "the lane's worker template has 0 replicas: the tenant stays on its shard until the lane has workers (set worker.replicas to 1 or more)".to_string(),
+            generation,
+        ),
+        (Some(i), _) if over_cap(i, max_lanes) => condition(
+            prev,
+            "Admitted",
+            false,
+            "OverCap",
+            format!(
+                "lane index {i} is beyond maxLanes {max_lanes} (lowered): the tenant goes back to its hash shard and the lane waits for an index under the cap"
+            ),
+            generation,
+        ),
         (Some(i), _) => condition(
             prev,
             "Admitted",
@@ -287,6 +308,19 @@ pub fn conditions(
         )
     };
     vec![ready, relocating, admitted]
+}
+
+/// Is lane index `index` beyond the set's `maxLanes`? (The cap was lowered
+/// below the lanes admitted: the lanes at `maxLanes` and above retire and
+/// wait for an index under the cap.) Pure.
+pub fn over_cap(index: i32, max_lanes: i32) -> bool {
+    index >= max_lanes.clamp(1, MAX_LANES)
+}
+
+/// Does a worker template run anyone? Zero replicas do not, unless an
+/// autoscaler owns the count. Pure.
+pub fn has_workers(w: &crate::crd::WorkerTemplate) -> bool {
+    w.autoscaled || w.replicas.unwrap_or(1) > 0
 }
 
 /// Is a lane in this phase moving its tenant?
@@ -607,10 +641,15 @@ impl Io<'_> {
         let ns = self.lane.namespace().unwrap_or_default();
         let api: Api<Deployment> = Api::namespaced(self.ctx.client.clone(), &ns);
         let name = deployment_name(&self.set.name_any(), QueueId::Lane(index as u8));
-        Ok(api
-            .get_opt(&name)
-            .await?
-            .is_some_and(|d| shard_available(&d)))
+        // Available with zero replicas serves nobody.
+        let worker = super::build::lane_worker(&self.set, &self.lane);
+        Ok(api.get_opt(&name).await?.is_some_and(|d| {
+            if worker.autoscaled {
+                shard_available(&d)
+            } else {
+                super::status::serving(&d)
+            }
+        }))
     }
 
     async fn delete_deployment(&self, index: i32) -> Result<(), LaneError> {
@@ -751,6 +790,13 @@ async fn reconcile(cached: &DedicatedLane, ctx: &Context) -> Result<Action, Lane
         return Ok(Action::requeue(Duration::from_secs(30)));
     };
 
+    if set.metadata.deletion_timestamp.is_some() && !deleting {
+        // The set is going: its finalizer deletes (and so retires) the lanes
+        // it owns; with `--cascade=orphan` the lane stays as it is, owned by
+        // nobody, its Deployment and routing untouched.
+        return Ok(Action::requeue(Duration::from_secs(5)));
+    }
+
     // Finalizer and owner reference, by server-side apply (idempotent).
     if !deleting
         && (!lane.finalizers().iter().any(|f| f == FINALIZER) || lane.owner_references().is_empty())
@@ -759,6 +805,8 @@ async fn reconcile(cached: &DedicatedLane, ctx: &Context) -> Result<Action, Lane
         if lane.owner_references().is_empty() {
             if let Some(mut o) = set.controller_owner_ref(&()) {
                 o.controller = Some(false);
+                // A foreground deletion of the set waits for its lanes to retire.
+                o.block_owner_deletion = Some(true);
                 meta["ownerReferences"] = serde_json::json!([o]);
             }
         }
@@ -838,6 +886,20 @@ async fn step_until_wait(io: &mut Io<'_>) -> Result<Action, LaneError> {
                     io.write(&st, None).await?;
                     return Ok(Action::requeue(retry_in()));
                 }
+                if let Some(i) = st
+                    .lane_index
+                    .filter(|i| over_cap(*i, io.set.spec.promotion.max_lanes))
+                {
+                    // Admitted before maxLanes was lowered and the tenant not
+                    // on the lane: give the index back, wait under the new
+                    // cap. (Pinned there already: finish, then retire.)
+                    let pins = io.store.routing().await?.pins;
+                    if pins.get(&tenant) != Some(&QueueId::Lane(i as u8)) {
+                        io.delete_deployment(i).await?;
+                        io.store.lane_move_end(i, &io.lane.name_any()).await?;
+                        st.lane_index = None;
+                    }
+                }
                 if st.lane_index.is_none() {
                     if let Some(_refused) = io.admit(&mut st).await? {
                         let since = io
@@ -855,6 +917,11 @@ async fn step_until_wait(io: &mut Io<'_>) -> Result<Action, LaneError> {
                             .unwrap_or_default();
                         return Ok(Action::requeue(admission_retry(waited)));
                     }
+                }
+                if !has_workers(&super::build::lane_worker(&io.set, &io.lane)) {
+                    // Nobody would serve the tenant on the lane: it stays put.
+                    io.write(&st, Some(&Refusal::NoWorkers)).await?;
+                    return Ok(Action::requeue(Duration::from_secs(10)));
                 }
                 let index = st.lane_index.unwrap_or(0);
                 let lane_q = QueueId::Lane(index as u8);
@@ -1040,7 +1107,13 @@ async fn step_until_wait(io: &mut Io<'_>) -> Result<Action, LaneError> {
                 if !routing.present() {
                     return Ok(Action::requeue(Duration::from_secs(1)));
                 }
-                if want_out && !waiting_out {
+                let beyond_cap = st
+                    .lane_index
+                    .is_some_and(|i| over_cap(i, io.set.spec.promotion.max_lanes));
+                if (want_out || beyond_cap) && !waiting_out {
+                    if beyond_cap && !want_out {
+                        info!(lane = %io.lane.name_any(), %tenant, "maxLanes lowered below this lane's index: retiring it");
+                    }
                     let Some(index) = st.lane_index else {
                         st.phase = LanePhase::Pending;
                         io.write(&st, None).await?;
@@ -1174,6 +1247,17 @@ pub fn pinned_lane(st: &DedicatedLaneStatus) -> Option<QueueId> {
 
 /// Lanes of a set, by the facts the ShardSet status needs: admitted count and
 /// whether one waits for the cap.
+/// How many of the set's lanes hold an index beyond `max_lanes` (retiring
+/// because the cap was lowered).
+pub fn over_cap_count(set: &str, lanes: &[DedicatedLane], max_lanes: i32) -> i32 {
+    lanes
+        .iter()
+        .filter(|l| l.spec.shard_set == set)
+        .filter_map(|l| l.status.as_ref().and_then(|s| s.lane_index))
+        .filter(|i| over_cap(*i, max_lanes))
+        .count() as i32
+}
+
 pub fn summary(set: &str, lanes: &[DedicatedLane]) -> (i32, bool) {
     let mine: Vec<&DedicatedLane> = lanes.iter().filter(|l| l.spec.shard_set == set).collect();
     let used = mine
@@ -1473,6 +1557,61 @@ mod tests {
         assert_eq!(
             get(&cs, "Admitted"),
             ("False".into(), "LaneCapReached".into())
+        );
+    }
+
+    #[test]
+    fn a_lane_beyond_a_lowered_cap_says_so_and_counts() {
+        assert!(over_cap(7, 2) && over_cap(2, 2) && !over_cap(1, 2));
+        // maxLanes is clamped like admission clamps it.
+        assert!(!over_cap(7, 99) && over_cap(0, 0) == over_cap(0, 1));
+        let st = DedicatedLaneStatus {
+            phase: LanePhase::Active,
+            lane_index: Some(7),
+            target_queue: Some("lane-7".into()),
+            ..Default::default()
+        };
+        let cs = conditions(&st, None, Some(1), 2);
+        let a = cs.iter().find(|c| c.type_ == "Admitted").unwrap();
+        assert_eq!((a.status.as_str(), a.reason.as_str()), ("False", "OverCap"));
+        assert!(!a.message.contains("lane 7 of 2"), "{}", a.message);
+
+        let lane = |name: &str, index: i32| -> DedicatedLane {
+            serde_json::from_value(serde_json::json!({
+                "apiVersion": "lanekeeper.io/v1alpha1",
+                "kind": "DedicatedLane",
+                "metadata": {"name": name},
+                "spec": {"shardSet": "hooks", "tenant": name},
+                "status": {"phase": "Active", "laneIndex": index},
+            }))
+            .unwrap()
+        };
+        let lanes: Vec<DedicatedLane> = (0..8).map(|i| lane(&format!("l{i}"), i)).collect();
+        assert_eq!(over_cap_count("hooks", &lanes, 2), 6);
+        assert_eq!(over_cap_count("hooks", &lanes, 8), 0);
+        assert_eq!(over_cap_count("other", &lanes, 2), 0);
+    }
+
+    #[test]
+    fn a_lane_with_zero_replicas_does_not_take_its_tenant() {
+        let mut w: crate::crd::WorkerTemplate =
+            serde_json::from_value(serde_json::json!({"image": "i"})).unwrap();
+        assert!(has_workers(&w));
+        w.replicas = Some(0);
+        assert!(!has_workers(&w));
+        w.replicas = None;
+        w.autoscaled = true;
+        assert!(has_workers(&w));
+        let st = DedicatedLaneStatus {
+            phase: LanePhase::Pending,
+            lane_index: Some(1),
+            ..Default::default()
+        };
+        let cs = conditions(&st, Some(&Refusal::NoWorkers), Some(1), 8);
+        let a = cs.iter().find(|c| c.type_ == "Admitted").unwrap();
+        assert_eq!(
+            (a.status.as_str(), a.reason.as_str()),
+            ("False", "NoWorkers")
         );
     }
 }

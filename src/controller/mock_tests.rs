@@ -26,6 +26,8 @@ spec:
     ))
     .unwrap();
     s.metadata.resource_version = Some("1".into());
+    // Carries its finalizer already (adding it is one more request).
+    s.metadata.finalizers = Some(vec![FINALIZER.to_string()]);
     s
 }
 

@@ -305,6 +305,10 @@ async fn tick_set(set: &ShardSet, ctx: &Context) -> anyhow::Result<()> {
     let spec = &set.spec.promotion;
     let sets: Api<ShardSet> = Api::namespaced(ctx.client.clone(), &ns);
     let prev = set.status.clone().unwrap_or_default();
+    if set.metadata.deletion_timestamp.is_some() {
+        // Being deleted: its finalizer retires its lanes; promote nobody.
+        return Ok(());
+    }
     if !spec.enabled {
         if !prev.promotion_candidates.is_empty() || !prev.demotion_candidates.is_empty() {
             write_candidates(&sets, &name, &Decision::default()).await?;
@@ -384,7 +388,10 @@ async fn tick_set(set: &ShardSet, ctx: &Context) -> anyhow::Result<()> {
                     (ORIGIN_LABEL.to_string(), ORIGIN_PROMOTION.to_string()),
                     ("app.kubernetes.io/instance".to_string(), name.clone()),
                 ])),
-                owner_references: set.controller_owner_ref(&()).map(|o| vec![o]),
+                owner_references: set.controller_owner_ref(&()).map(|mut o| {
+                    o.block_owner_deletion = Some(true);
+                    vec![o]
+                }),
                 ..Default::default()
             },
             spec: DedicatedLaneSpec {
@@ -402,7 +409,7 @@ async fn tick_set(set: &ShardSet, ctx: &Context) -> anyhow::Result<()> {
         }
     }
     for tenant in &decision.demote {
-        if let Some(lane) = lanes.iter().find(|l| &l.spec.tenant == tenant) {
+        if let Some(lane) = lane_to_demote(&lanes, tenant) {
             info!(set = %name, %tenant, lane = %lane.name_any(), "demoting: retire set");
             lanes_api
                 .patch(
@@ -418,6 +425,21 @@ async fn tick_set(set: &ShardSet, ctx: &Context) -> anyhow::Result<()> {
     }
     tracing::debug!(namespace = %ns, set = %name, "promotion: set measured");
     Ok(())
+}
+
+/// The lane to retire when `tenant` is demoted: the one that serves it
+/// (Active with an index, not already retiring or deleted), not merely the
+/// first lane of that tenant by name (a duplicate lane waiting with
+/// `DuplicateTenant` serves nothing). Pure.
+pub fn lane_to_demote<'a>(lanes: &'a [DedicatedLane], tenant: &str) -> Option<&'a DedicatedLane> {
+    lanes.iter().find(|l| {
+        let st = l.status.clone().unwrap_or_default();
+        l.spec.tenant == tenant
+            && st.phase == LanePhase::Active
+            && st.lane_index.is_some()
+            && !l.spec.retire
+            && l.metadata.deletion_timestamp.is_none()
+    })
 }
 
 async fn write_candidates(sets: &Api<ShardSet>, name: &str, d: &Decision) -> kube::Result<()> {
@@ -620,5 +642,49 @@ mod tests {
             covered(Duration::from_secs(30), 1_000_004_000),
             Duration::from_secs(24)
         );
+    }
+
+    #[test]
+    fn demotion_retires_the_lane_that_serves_the_tenant_not_a_duplicate() {
+        let lane = |name: &str, tenant: &str, status: serde_json::Value| -> DedicatedLane {
+            serde_json::from_value(serde_json::json!({
+                "apiVersion": "lanekeeper.io/v1alpha1",
+                "kind": "DedicatedLane",
+                "metadata": {"name": name},
+                "spec": {"shardSet": "hooks", "tenant": tenant},
+                "status": status,
+            }))
+            .unwrap()
+        };
+        // "a-dup" sorts first and waits as a duplicate; "b-whale" serves.
+        let lanes = vec![
+            lane("a-dup", "whale", serde_json::json!({"phase": "Pending"})),
+            lane(
+                "b-whale",
+                "whale",
+                serde_json::json!({"phase": "Active", "laneIndex": 3}),
+            ),
+            lane(
+                "c-other",
+                "other",
+                serde_json::json!({"phase": "Active", "laneIndex": 0}),
+            ),
+        ];
+        assert_eq!(
+            lane_to_demote(&lanes, "whale").map(|l| l.name_any()),
+            Some("b-whale".to_string())
+        );
+        assert_eq!(
+            lane_to_demote(&lanes, "other").map(|l| l.name_any()),
+            Some("c-other".to_string())
+        );
+        // Nothing serves it: nothing to patch.
+        let waiting = vec![lane(
+            "a-dup",
+            "whale",
+            serde_json::json!({"phase": "Pending"}),
+        )];
+        assert!(lane_to_demote(&waiting, "whale").is_none());
+        assert!(lane_to_demote(&lanes, "nobody").is_none());
     }
 }

@@ -90,24 +90,47 @@ pub fn shard_available(d: &Deployment) -> bool {
         && st.replicas.unwrap_or(0) == desired
 }
 
-/// The reason a Deployment has failed, if Kubernetes says it has.
-fn deployment_failure(d: &Deployment) -> Option<String> {
-    d.status
-        .as_ref()?
-        .conditions
-        .as_ref()?
+/// Worker pods a Deployment asks for (the API's default is 1).
+pub fn replicas_wanted(d: &Deployment) -> i32 {
+    d.spec.as_ref().and_then(|s| s.replicas).unwrap_or(1)
+}
+
+/// A Deployment that is available and has at least one worker pod: its
+/// queue is served. (Zero replicas are "available" to Kubernetes.)
+pub fn serving(d: &Deployment) -> bool {
+    shard_available(d) && replicas_wanted(d) > 0
+}
+
+/// The reason a Deployment has failed, if Kubernetes says it has: pods it
+/// cannot create (`ReplicaFailure`, e.g. `FailedCreate` for a missing
+/// service account or a quota), or a rollout past its progress deadline.
+pub fn deployment_failure(d: &Deployment) -> Option<String> {
+    let conditions = d.status.as_ref()?.conditions.as_ref()?;
+    let failed = conditions
         .iter()
-        .find_map(|c| {
-            (c.type_ == "Progressing" && c.status == "False").then(|| {
-                format!(
-                    "{}: {}",
-                    d.metadata.name.clone().unwrap_or_default(),
-                    c.message
-                        .clone()
-                        .unwrap_or_else(|| c.reason.clone().unwrap_or_default())
-                )
-            })
-        })
+        .find(|c| c.type_ == "ReplicaFailure" && c.status == "True")
+        .or_else(|| {
+            conditions
+                .iter()
+                .find(|c| c.type_ == "Progressing" && c.status == "False")
+        })?;
+    Some(format!(
+        "{}: {}",
+        d.metadata.name.clone().unwrap_or_default(),
+        failed
+            .message
+            .clone()
+            .unwrap_or_else(|| failed.reason.clone().unwrap_or_default())
+    ))
+}
+
+/// Status for shard Deployments the API server refused (the API's message).
+pub fn deployment_rejected(set: &ShardSet, message: &str) -> ShardSetStatus {
+    let mut st = invalid_spec(set, message);
+    for c in &mut st.conditions {
+        c.reason = "DeploymentFailed".to_string();
+    }
+    st
 }
 
 /// Status for a spec the controller cannot serve.
@@ -161,6 +184,8 @@ pub struct Lanes {
     pub admitted: i32,
     /// A lane waits because the cap is reached.
     pub waiting_for_cap: bool,
+    /// Lanes holding an index at or above `maxLanes` (it was lowered): they retire.
+    pub over_cap: i32,
 }
 
 /// A shard-count change, as its status needs it.
@@ -227,7 +252,25 @@ pub fn compute(
     let generation = set.metadata.generation;
     let desired = set.spec.shards;
     let max_lanes = set.spec.promotion.max_lanes;
-    let ready = deployments.iter().filter(|d| shard_available(d)).count() as i32;
+    // A shard with zero replicas is served by nobody: not ready, unless an
+    // autoscaler owns the count (then `ScaledToZero` says so).
+    let autoscaled = set.spec.worker.autoscaled;
+    let ready = deployments
+        .iter()
+        .filter(|d| {
+            if autoscaled {
+                shard_available(d)
+            } else {
+                serving(d)
+            }
+        })
+        .count() as i32;
+    let unserved = deployments
+        .iter()
+        .filter(|d| replicas_wanted(d) == 0)
+        .count() as i32;
+    let rolling_out =
+        deployments.iter().any(|d| !shard_available(d)) || (deployments.len() as i32) < desired;
     let failures: Vec<String> = deployments
         .iter()
         .filter_map(|d| deployment_failure(d))
@@ -265,13 +308,20 @@ pub fn compute(
             "AllShardsAvailable",
             format!("{ready} of {desired} shards available"),
         )
+    } else if unserved > 0 && !autoscaled {
+        (
+            "NoWorkers",
+            format!(
+                "{ready} of {desired} shards available: {unserved} shard Deployments have 0 replicas, so nobody serves their queues (set worker.replicas to 1 or more, or worker.autoscaled)"
+            ),
+        )
     } else {
         (
             "ShardsUnavailable",
             format!("{ready} of {desired} shards available"),
         )
     };
-    let progressing = !all_ready && failures.is_empty();
+    let progressing = rolling_out && failures.is_empty();
     let conditions = vec![
         condition(
             &prev.conditions,
@@ -308,7 +358,19 @@ pub fn compute(
             degraded_message,
             generation,
         ),
-        if lanes.waiting_for_cap {
+        if lanes.over_cap > 0 {
+            condition(
+                &prev.conditions,
+                "LaneCapReached",
+                true,
+                "OverCap",
+                format!(
+                    "{} lanes admitted but maxLanes is {max_lanes}: the {} lanes with an index of {max_lanes} or more are retiring to their hash shards and then wait for an index under the cap",
+                    lanes.admitted, lanes.over_cap
+                ),
+                generation,
+            )
+        } else if lanes.waiting_for_cap {
             condition(
                 &prev.conditions,
                 "LaneCapReached",
@@ -344,6 +406,29 @@ pub fn compute(
     ];
 
     let mut conditions = conditions;
+    if autoscaled {
+        conditions.push(if unserved > 0 {
+            condition(
+                &prev.conditions,
+                "ScaledToZero",
+                true,
+                "AutoscaledToZero",
+                format!(
+                    "the autoscaler left {unserved} of {desired} shards with 0 replicas: their queues wait until it scales them up"
+                ),
+                generation,
+            )
+        } else {
+            condition(
+                &prev.conditions,
+                "ScaledToZero",
+                false,
+                "Serving",
+                "every shard has at least one worker".to_string(),
+                generation,
+            )
+        });
+    }
     conditions.extend(redis_conditions(&prev.conditions, redis, generation));
 
     let (skew_ratio, top_tenants) = match redis {
@@ -734,5 +819,112 @@ mod tests {
             Some(2),
         );
         assert_ne!(flipped.last_transition_time, t0);
+    }
+
+    /// A shard Deployment as the API server reports it: `replicas` wanted,
+    /// all of them available, with these status conditions.
+    fn deployment(name: &str, replicas: i32, conditions: serde_json::Value) -> Deployment {
+        serde_json::from_value(serde_json::json!({
+            "metadata": {"name": name, "generation": 1},
+            "spec": {"replicas": replicas, "selector": {}, "template": {}},
+            "status": {"observedGeneration": 1, "replicas": replicas,
+                "updatedReplicas": replicas, "availableReplicas": replicas,
+                "conditions": conditions},
+        }))
+        .unwrap()
+    }
+
+    fn compute_with(set: &ShardSet, ds: &[Deployment]) -> ShardSetStatus {
+        let refs: Vec<&Deployment> = ds.iter().collect();
+        compute(
+            set,
+            &refs,
+            Lanes::default(),
+            Ok(&RedisView::default()),
+            &ReshardView::default(),
+        )
+    }
+
+    #[test]
+    fn zero_replicas_is_not_ready_unless_autoscaled() {
+        let set = a_set();
+        let st = compute_with(&set, &[deployment("s-shard-00", 0, serde_json::json!([]))]);
+        let r = cond(&st, "Ready");
+        assert_eq!(
+            (r.status.as_str(), r.reason.as_str()),
+            ("False", "NoWorkers")
+        );
+        assert_eq!(st.ready_summary.as_deref(), Some("0/1"));
+        // Nothing is rolling out either: it is simply not served.
+        assert_eq!(cond(&st, "Progressing").status, "False");
+        assert!(st.conditions.iter().all(|c| c.type_ != "ScaledToZero"));
+
+        let st = compute_with(&set, &[deployment("s-shard-00", 2, serde_json::json!([]))]);
+        assert_eq!(cond(&st, "Ready").status, "True");
+
+        let mut auto = a_set();
+        auto.spec.worker.autoscaled = true;
+        let st = compute_with(&auto, &[deployment("s-shard-00", 0, serde_json::json!([]))]);
+        assert_eq!(cond(&st, "Ready").status, "True");
+        let z = cond(&st, "ScaledToZero");
+        assert_eq!(
+            (z.status.as_str(), z.reason.as_str()),
+            ("True", "AutoscaledToZero")
+        );
+        let st = compute_with(&auto, &[deployment("s-shard-00", 3, serde_json::json!([]))]);
+        assert_eq!(cond(&st, "ScaledToZero").status, "False");
+    }
+
+    #[test]
+    fn pods_that_cannot_be_created_are_degraded() {
+        let set = a_set();
+        let failing = deployment(
+            "s-shard-00",
+            1,
+            serde_json::json!([
+                {"type": "Progressing", "status": "True", "reason": "ReplicaSetUpdated"},
+                {"type": "ReplicaFailure", "status": "True", "reason": "FailedCreate",
+                 "message": "pods \"s-shard-00-x\" is forbidden: exceeded quota"},
+            ]),
+        );
+        let mut failing = failing;
+        failing.status.as_mut().unwrap().available_replicas = Some(0);
+        let st = compute_with(&set, &[failing.clone()]);
+        let d = cond(&st, "Degraded");
+        assert_eq!(
+            (d.status.as_str(), d.reason.as_str()),
+            ("True", "DeploymentFailed")
+        );
+        assert!(d.message.contains("exceeded quota"), "{}", d.message);
+        assert_eq!(cond(&st, "Ready").status, "False");
+        assert!(deployment_failure(&failing)
+            .unwrap()
+            .starts_with("s-shard-00: "));
+        let healthy = deployment(
+            "s-shard-00",
+            1,
+            serde_json::json!([
+            {"type": "ReplicaFailure", "status": "False", "reason": "Recovered"}]),
+        );
+        assert_eq!(deployment_failure(&healthy), None);
+    }
+
+    #[test]
+    fn a_rejected_deployment_says_so_with_the_api_message() {
+        let mut set = a_set();
+        set.metadata.generation = Some(4);
+        let st = deployment_rejected(&set, "Deployment.apps \"s-shard-00\" is invalid: spec.template.spec.nodeSelector: Invalid value");
+        assert_eq!(st.observed_generation, Some(4));
+        for t in ["Ready", "Degraded", "Progressing"] {
+            assert_eq!(cond(&st, t).reason, "DeploymentFailed");
+            assert!(cond(&st, t).message.contains("nodeSelector"));
+        }
+        assert_eq!(cond(&st, "Degraded").status, "True");
+        assert_eq!(cond(&st, "Ready").status, "False");
+        // A new set's first status names the failure in an Event.
+        let events = transitions(&ShardSetStatus::default(), &st);
+        assert!(events
+            .iter()
+            .any(|t| t.type_ == "Degraded" && t.warning && t.reason == "DeploymentFailed"));
     }
 }

@@ -623,6 +623,9 @@ pub struct PromotionSpec {
 
     /// Most dedicated lanes admitted at once, manual ones included, 1 to 8.
     /// At the cap the set reports `LaneCapReached`: shape ingest instead.
+    /// Lowered below the lanes admitted, the lanes with an index at or above
+    /// it retire (tenants back to their hash shards) and wait for an index
+    /// under it (`LaneCapReached`, reason `OverCap`, until they are out).
     #[serde(default = "default_max_lanes")]
     #[x_kube(validation = Rule::new("self >= 1 && self <= 8").message("promotion.maxLanes must be between 1 and 8"))]
     pub max_lanes: i32,

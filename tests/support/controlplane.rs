@@ -369,17 +369,17 @@ impl ControlPlane {
         env: &[(&str, &str)],
     ) -> (u32, PathBuf) {
         let root = Path::new(env!("CARGO_MANIFEST_DIR"));
-        // Once per control plane: two tests applying it at once race
-        // (AlreadyExists).
-        static ROLE: std::sync::Mutex<bool> = std::sync::Mutex::new(false);
-        let mut applied = ROLE.lock().unwrap_or_else(|e| e.into_inner());
-        if !*applied {
+        // The ClusterRole is cluster-wide: applied once per control plane
+        // (tests applying it at the same time conflict: AlreadyExists).
+        static APPLIED: std::sync::Mutex<Vec<String>> = std::sync::Mutex::new(Vec::new());
+        let mut applied = APPLIED.lock().unwrap_or_else(|e| e.into_inner());
+        if !applied.contains(&self.server) {
             self.kubectl_ok(&[
                 "apply",
                 "-f",
                 &root.join("config/rbac/role.yaml").display().to_string(),
             ]);
-            *applied = true;
+            applied.push(self.server.clone());
         }
         drop(applied);
         let election =
