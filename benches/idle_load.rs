@@ -29,44 +29,21 @@ fn env_or(name: &str, default: u64) -> u64 {
         .unwrap_or(default)
 }
 
-/// Requests per (verb, resource[/subresource]) on the controller's resources,
-/// from the API server's own counter.
+/// Requests per "VERB resource[/subresource]" on the controller's resources,
+/// from the API server's own counter (watches left out).
 fn requests(cp: &ControlPlane) -> BTreeMap<String, f64> {
-    let text = cp.kubectl_ok(&["get", "--raw", "/metrics"]);
     let mut out = BTreeMap::new();
-    for line in text.lines() {
-        let Some(rest) = line.strip_prefix("apiserver_request_total{") else {
-            continue;
-        };
-        let Some((labels, value)) = rest.rsplit_once("} ") else {
-            continue;
-        };
-        let label = |k: &str| {
-            labels
-                .split(',')
-                .find_map(|kv| kv.strip_prefix(&format!("{k}=\"")))
-                .map(|v| v.trim_end_matches('"').to_string())
-                .unwrap_or_default()
-        };
-        let (resource, group) = (label("resource"), label("group"));
+    for c in cp.request_counts() {
         let ours = matches!(
-            (resource.as_str(), group.as_str()),
+            (c.resource.as_str(), c.group.as_str()),
             ("deployments", "apps")
                 | ("shardsets", "lanekeeper.io")
                 | ("dedicatedlanes", "lanekeeper.io")
                 | ("events", "events.k8s.io")
         );
-        let verb = label("verb");
-        if !ours || verb == "WATCH" {
-            continue;
+        if ours && c.verb != "WATCH" {
+            *out.entry(c.key()).or_default() += c.count;
         }
-        let sub = label("subresource");
-        let key = if sub.is_empty() {
-            format!("{verb} {resource}")
-        } else {
-            format!("{verb} {resource}/{sub}")
-        };
-        *out.entry(key).or_default() += value.trim().parse::<f64>().unwrap_or(0.0);
     }
     out
 }

@@ -27,37 +27,11 @@ fn wait_until(what: &str, timeout: Duration, mut f: impl FnMut() -> bool) {
 /// Requests so far per "VERB resource[/subresource]" of one API group,
 /// watches left out.
 fn requests(cp: &ControlPlane, group: &str) -> BTreeMap<String, f64> {
-    let text = cp.kubectl_ok(&["get", "--raw", "/metrics"]);
     let mut out = BTreeMap::new();
-    for line in text.lines() {
-        let Some((labels, value)) = line
-            .strip_prefix("apiserver_request_total{")
-            .and_then(|r| r.rsplit_once("} "))
-        else {
-            continue;
-        };
-        let label = |k: &str| {
-            labels
-                .split(',')
-                .find_map(|kv| kv.strip_prefix(&format!("{k}=\"")))
-                .map(|v| v.trim_end_matches('"').to_string())
-                .unwrap_or_default()
-        };
-        if label("group") != group || label("verb") == "WATCH" {
-            continue;
+    for c in cp.request_counts() {
+        if c.group == group && c.verb != "WATCH" {
+            *out.entry(c.key()).or_default() += c.count;
         }
-        let sub = label("subresource");
-        let key = format!(
-            "{} {}{}",
-            label("verb"),
-            label("resource"),
-            if sub.is_empty() {
-                String::new()
-            } else {
-                format!("/{sub}")
-            }
-        );
-        *out.entry(key).or_default() += value.trim().parse::<f64>().unwrap_or(0.0);
     }
     out
 }

@@ -531,6 +531,41 @@ impl ControlPlane {
         String::from_utf8_lossy(&out.stdout).into_owned()
     }
 
+    /// The API server's own request counter (`apiserver_request_total`),
+    /// summed per verb, group, resource and subresource; watches included.
+    pub fn request_counts(&self) -> Vec<RequestCount> {
+        let text = self.kubectl_ok(&["get", "--raw", "/metrics"]);
+        let mut out: Vec<RequestCount> = Vec::new();
+        for line in text.lines() {
+            let Some((labels, value)) = line
+                .strip_prefix("apiserver_request_total{")
+                .and_then(|r| r.rsplit_once("} "))
+            else {
+                continue;
+            };
+            let label = |k: &str| {
+                labels
+                    .split(',')
+                    .find_map(|kv| kv.strip_prefix(&format!("{k}=\"")))
+                    .map(|v| v.trim_end_matches('"').to_string())
+                    .unwrap_or_default()
+            };
+            let key = RequestCount {
+                verb: label("verb"),
+                group: label("group"),
+                resource: label("resource"),
+                subresource: label("subresource"),
+                count: 0.0,
+            };
+            let n = value.trim().parse::<f64>().unwrap_or(0.0);
+            match out.iter_mut().find(|c| c.same_kind(&key)) {
+                Some(c) => c.count += n,
+                None => out.push(RequestCount { count: n, ..key }),
+            }
+        }
+        out
+    }
+
     /// A kube client with the admin identity.
     pub async fn client(&self) -> kube::Client {
         let kubeconfig =
@@ -548,6 +583,37 @@ impl ControlPlane {
         let name = format!("{prefix}-{}-{n}", std::process::id());
         self.kubectl_ok(&["create", "namespace", &name]);
         name
+    }
+}
+
+/// One line of `apiserver_request_total`, summed over its other labels.
+#[derive(Clone, Debug)]
+pub struct RequestCount {
+    pub verb: String,
+    pub group: String,
+    pub resource: String,
+    pub subresource: String,
+    pub count: f64,
+}
+
+impl RequestCount {
+    fn same_kind(&self, other: &RequestCount) -> bool {
+        (&self.verb, &self.group, &self.resource, &self.subresource)
+            == (
+                &other.verb,
+                &other.group,
+                &other.resource,
+                &other.subresource,
+            )
+    }
+
+    /// `VERB resource[/subresource]`.
+    pub fn key(&self) -> String {
+        if self.subresource.is_empty() {
+            format!("{} {}", self.verb, self.resource)
+        } else {
+            format!("{} {}/{}", self.verb, self.resource, self.subresource)
+        }
     }
 }
 
