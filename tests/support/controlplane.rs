@@ -274,6 +274,7 @@ impl ControlPlane {
         let kwok_pid = process::spawn_server(kwok, &kwok_log);
 
         // A fake node kwok keeps Ready. No taints, so pods need no tolerations.
+        // Room for the idle_load bench (50 sets x 16 shards = 800 pods).
         let node = r#"{
           "apiVersion": "v1", "kind": "Node",
           "metadata": {
@@ -283,8 +284,8 @@ impl ControlPlane {
                        "kubernetes.io/os": "linux", "kubernetes.io/arch": "amd64"}
           },
           "status": {
-            "allocatable": {"cpu": "64", "memory": "256Gi", "pods": "250"},
-            "capacity": {"cpu": "64", "memory": "256Gi", "pods": "250"}
+            "allocatable": {"cpu": "2000", "memory": "8Ti", "pods": "2000"},
+            "capacity": {"cpu": "2000", "memory": "8Ti", "pods": "2000"}
           }
         }"#;
         self.kubectl_stdin(&["apply", "-f", "-"], node);
