@@ -182,8 +182,19 @@ pub async fn watch_reshard(
         if status == "False" {
             let table = env.store.routing().await.unwrap();
             if table.shards == to && !table.pins.values().any(|q| matches!(q, QueueId::Shard(_))) {
-                let events: Vec<(String, String)> =
+                let mut events: Vec<(String, String)> =
                     set_events(env).into_iter().skip(events_before).collect();
+                // The condition can clear a reconcile before the one that
+                // records "Resharded" (the clean-clone run saw that after a
+                // 0.35 s reshard): give the Event a few seconds to appear.
+                let settle = Instant::now();
+                while began
+                    && !events.iter().any(|(r, _)| r == "Resharded")
+                    && settle.elapsed() < Duration::from_secs(10)
+                {
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                    events = set_events(env).into_iter().skip(events_before).collect();
+                }
                 let done = events.iter().rev().find(|(r, _)| r == "Resharded");
                 if began || done.is_some() {
                     seen.events = events.iter().map(|(r, _)| r.clone()).collect();
