@@ -572,4 +572,21 @@ async fn repeated_events_aggregate_into_one_series_on_the_api_server() {
     );
     let series = list.items[0].series.as_ref().expect("a series");
     assert_eq!(series.count, 3, "{series:?}");
+    // A different note is a new Event, not the old one's count with its
+    // old note (kube-runtime's series key leaves the note out).
+    ctx.event(
+        &reference,
+        EventType::Warning,
+        "DrainTimeout",
+        "Relocate",
+        "another note".into(),
+    )
+    .await;
+    let list = events
+        .list(&ListParams::default().fields("regarding.name=noisy"))
+        .await
+        .unwrap();
+    let mut notes: Vec<String> = list.items.iter().filter_map(|e| e.note.clone()).collect();
+    notes.sort();
+    assert_eq!(notes, ["another note", "the same note each time"]);
 }

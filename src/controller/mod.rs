@@ -85,10 +85,14 @@ fn connect_backoff(attempts: u32) -> Duration {
 /// Shared state of the reconcilers.
 pub struct Context {
     pub client: Client,
-    /// The one Event recorder: kube-runtime aggregates a repeated Event
-    /// (same object, reason and note) into a series only within one
-    /// Recorder, so a Recorder per Event would make every repeat a new Event.
-    recorder: Recorder,
+    /// Event recorders, one per note: kube-runtime aggregates a repeated
+    /// Event into a series only within one Recorder (a Recorder per Event
+    /// made every repeat a new Event), and its series key leaves the note
+    /// out, so a different note would update the first Event's count and
+    /// keep its old note. One Recorder per note repeats what client-go does
+    /// (its key includes the note): the same Event again is a series, a new
+    /// note a new Event.
+    recorders: Mutex<HashMap<u64, Recorder>>,
     /// Per set, its Redis connection (or connect failure), reused across
     /// reconciles; pruned when the set goes, replaced when its target changes.
     stores: Mutex<HashMap<SetId, CachedStore>>,
@@ -109,7 +113,7 @@ pub struct Context {
 impl Context {
     pub fn new(client: Client, metrics: crate::telemetry::ControllerMetrics) -> Self {
         Self {
-            recorder: Recorder::new(client.clone(), Reporter::from(FIELD_MANAGER)),
+            recorders: Mutex::default(),
             client,
             stores: Mutex::default(),
             failures: Mutex::default(),
@@ -142,6 +146,9 @@ impl Context {
             });
     }
 }
+
+/// Distinct Event notes remembered for aggregation.
+const MAX_RECORDERS: usize = 4096;
 
 /// One apply of a Deployment, as the API server answered it.
 #[derive(Clone, Debug)]
@@ -204,7 +211,22 @@ impl Context {
             action: action.to_string(),
             secondary: None,
         };
-        if let Err(e) = self.recorder.publish(&event, object).await {
+        let recorder = {
+            use std::hash::{Hash, Hasher};
+            let mut h = std::collections::hash_map::DefaultHasher::new();
+            event.note.hash(&mut h);
+            let mut all = self.recorders.lock().unwrap_or_else(|e| e.into_inner());
+            if all.len() >= MAX_RECORDERS {
+                // Bounded: forgetting only costs a new Event for a repeat.
+                all.clear();
+            }
+            all.entry(h.finish())
+                .or_insert_with(|| {
+                    Recorder::new(self.client.clone(), Reporter::from(FIELD_MANAGER))
+                })
+                .clone()
+        };
+        if let Err(e) = recorder.publish(&event, object).await {
             warn!(error = %e, reason, "cannot record an event");
         }
     }
