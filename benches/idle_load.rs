@@ -171,8 +171,19 @@ fn main() {
         support::process::signal(pid, libc::SIGKILL);
         pid = spawn(cp, &current, &ns);
         // A new process knows nothing it applied: its first round applies
-        // everything once. Count from after it.
-        std::thread::sleep(Duration::from_secs(30));
+        // everything once, and a build that makes other Deployments rolls
+        // every shard out. Count from when the sets are Ready again.
+        let switched = Instant::now();
+        std::thread::sleep(Duration::from_secs(20));
+        while all_ready() < sets && switched.elapsed() < patience {
+            std::thread::sleep(Duration::from_secs(5));
+        }
+        println!(
+            "{} of {sets} sets Ready {:.0} s after the switch",
+            all_ready(),
+            switched.elapsed().as_secs_f64()
+        );
+        std::thread::sleep(Duration::from_secs(20));
         s
     });
     let now = measure(
