@@ -26,23 +26,7 @@ fn wait_until(what: &str, timeout: Duration, mut f: impl FnMut() -> bool) {
 
 /// `kubectl` as `who`, with `input` on stdin when there is one.
 fn kubectl_as(cp: &ControlPlane, who: &Path, args: &[&str], input: Option<&str>) -> Output {
-    use std::io::Write;
-    let mut child = cp
-        .kubectl_as(who)
-        .args(args)
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .expect("run kubectl");
-    let mut stdin = child.stdin.take().expect("kubectl stdin");
-    if let Some(input) = input {
-        stdin
-            .write_all(input.as_bytes())
-            .expect("write kubectl stdin");
-    }
-    drop(stdin);
-    child.wait_with_output().expect("wait for kubectl")
+    cp.kubectl_as_stdin_output(who, args, input.unwrap_or(""))
 }
 
 fn can_i(cp: &ControlPlane, who: &Path, ns: &str, verb: &str, resource: &str) -> bool {

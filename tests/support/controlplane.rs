@@ -503,21 +503,13 @@ impl ControlPlane {
 
     /// Run kubectl with `input` on stdin and return the raw output.
     pub fn kubectl_stdin_output(&self, args: &[&str], input: &str) -> Output {
-        let mut child = self
-            .kubectl()
-            .args(args)
-            .stdin(std::process::Stdio::piped())
-            .stdout(std::process::Stdio::piped())
-            .stderr(std::process::Stdio::piped())
-            .spawn()
-            .expect("run kubectl");
-        child
-            .stdin
-            .take()
-            .expect("kubectl stdin")
-            .write_all(input.as_bytes())
-            .expect("write kubectl stdin");
-        child.wait_with_output().expect("wait for kubectl")
+        with_stdin(self.kubectl().args(args), input)
+    }
+
+    /// Run kubectl as another identity (its kubeconfig) with `input` on
+    /// stdin and return the raw output.
+    pub fn kubectl_as_stdin_output(&self, who: &Path, args: &[&str], input: &str) -> Output {
+        with_stdin(self.kubectl_as(who).args(args), input)
     }
 
     /// Run kubectl with `input` on stdin; panic with stderr if it fails.
@@ -689,6 +681,23 @@ fn write_kubeconfig(dir: &Path, user: &str, server: &str, ca: &Path, token: &str
     );
     std::fs::write(&path, body).expect("write kubeconfig");
     path
+}
+
+/// Run `cmd` with `input` on its stdin and return its output.
+fn with_stdin(cmd: &mut Command, input: &str) -> Output {
+    let mut child = cmd
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("run kubectl");
+    child
+        .stdin
+        .take()
+        .expect("kubectl stdin")
+        .write_all(input.as_bytes())
+        .expect("write kubectl stdin");
+    child.wait_with_output().expect("wait for kubectl")
 }
 
 /// A plain HTTP GET on loopback, for etcd's health endpoint.
