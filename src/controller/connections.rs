@@ -43,11 +43,9 @@ pub(crate) struct ConnectFailure {
 /// Backoff after the `attempts`th consecutive failed connect: 5 s doubling,
 /// at most a minute (a Redis that comes back is used within a minute).
 fn connect_backoff(attempts: u32) -> Duration {
-    Duration::from_secs(
-        5u64.saturating_mul(1 << attempts.saturating_sub(1).min(6))
-            .min(60),
-    )
+    crate::policy::capped_backoff(attempts, Duration::from_secs(5), Duration::from_secs(60))
 }
+
 /// The Secrets `spec.redis` names must be ones the controller itself may
 /// read: worker pods mount them by reference, so a Secret outside the
 /// controller's RBAC (the chart's `redis.secretName` / `extraSecretNames`)

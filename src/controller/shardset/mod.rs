@@ -98,7 +98,11 @@ fn error_policy(set: Arc<ShardSet>, err: &Error, ctx: Arc<Context>) -> Action {
             let mut failures = ctx.failures.lock().unwrap_or_else(|e| e.into_inner());
             let n = failures.entry(ObjectRef::from_obj(&*set)).or_default();
             *n += 1;
-            Action::requeue(Duration::from_secs(2u64.saturating_pow(*n).min(300)))
+            Action::requeue(crate::policy::capped_backoff(
+                *n,
+                Duration::from_secs(2),
+                Duration::from_secs(300),
+            ))
         }
     }
 }
