@@ -8,6 +8,7 @@ use axum::Json;
 use super::auth::Principal;
 use super::config::MAX_MESSAGE_BYTES;
 use super::wire::ErrorBody;
+use crate::store::StoreError;
 
 #[derive(Debug)]
 pub struct ApiError {
@@ -107,5 +108,50 @@ impl IntoResponse for ApiError {
                 .insert(header::RETRY_AFTER, HeaderValue::from(s));
         }
         r
+    }
+}
+
+/// The one mapping of a [`StoreError`] to an answer: invalid input (an
+/// envelope, an endpoint, a dead-letter cursor) is a 400 naming the field; a
+/// missing routing table is a 503 saying so; anything else from Redis is a
+/// 503 `redis: ...` to retry.
+impl From<StoreError> for ApiError {
+    fn from(e: StoreError) -> Self {
+        Self::from_store(e, "")
+    }
+}
+
+impl ApiError {
+    /// [`From<StoreError>`], with the field at fault named inside `at` (a
+    /// batch item's `items[3]`) when `at` is not empty.
+    ///
+    /// One envelope's result from a batch enqueue comes here too. Those sites
+    /// used to map only `Invalid` and answer every other error `redis: ...`;
+    /// the three variants mapped otherwise here (`InvalidEndpoint`,
+    /// `InvalidCursor`, `RoutingMissing`) never come per envelope
+    /// (`Producer::send_batch` returns a missing routing table for the whole
+    /// call, where it comes through [`super::Ingest::redis`]), so one mapping
+    /// serves both.
+    pub(super) fn from_store(e: StoreError, at: &str) -> Self {
+        let field = |name: &str| {
+            if at.is_empty() {
+                name.to_string()
+            } else {
+                format!("{at}.{name}")
+            }
+        };
+        match e {
+            StoreError::Invalid(e) => {
+                Self::field(StatusCode::BAD_REQUEST, &field(e.field), e.reason)
+            }
+            StoreError::InvalidEndpoint(e) => {
+                Self::field(StatusCode::BAD_REQUEST, &field(e.field), e.reason)
+            }
+            e @ StoreError::InvalidCursor => {
+                Self::field(StatusCode::BAD_REQUEST, &field("cursor"), e.to_string())
+            }
+            e @ StoreError::RoutingMissing(_) => Self::unavailable(e.to_string()),
+            e => Self::unavailable(format!("redis: {e}")),
+        }
     }
 }

@@ -11,6 +11,7 @@ use axum::extract::State;
 use axum::http::{header, HeaderMap, StatusCode};
 use axum::Json;
 
+use super::auth::Caller;
 use super::config::SEND_SLICE_BYTES;
 use super::error::ApiError;
 use super::tenants::{check_endpoint_name, check_event_type};
@@ -245,10 +246,9 @@ fn status_name(o: &EnqueueOutcome) -> &'static str {
     security(("api_key" = [])))]
 pub(super) async fn post_event(
     State(ingest): State<Ingest>,
-    headers: HeaderMap,
+    Caller(who): Caller,
     b: Result<Bytes, BytesRejection>,
 ) -> Result<(StatusCode, Json<EventAccepted>), ApiError> {
-    let who = ingest.authenticate(&headers)?;
     let b = body(b, ingest.inner.config.max_body_bytes)?;
     let ev: EventIn = parse(&b)?;
     drop(b);
@@ -276,10 +276,7 @@ pub(super) async fn post_event(
         }
     }
     for s in sent {
-        let (q, outcome) = s.result.map_err(|e| match e {
-            StoreError::Invalid(e) => ApiError::field(StatusCode::BAD_REQUEST, e.field, e.reason),
-            e => ApiError::unavailable(format!("redis: {e}")),
-        })?;
+        let (q, outcome) = s.result.map_err(ApiError::from)?;
         queue = q.to_string();
         ingest.count(status_name(&outcome), 1);
         accepted.push(Accepted {
@@ -499,10 +496,10 @@ pub(super) fn batch_items(b: &[u8], ndjson: bool, max: usize) -> Result<Vec<&[u8
     security(("api_key" = [])))]
 pub(super) async fn post_batch(
     State(ingest): State<Ingest>,
+    Caller(who): Caller,
     headers: HeaderMap,
     b: Result<Bytes, BytesRejection>,
 ) -> Result<Json<BatchResult>, ApiError> {
-    let who = ingest.authenticate(&headers)?;
     let b = body(b, ingest.inner.config.max_body_bytes)?;
     let ndjson = headers
         .get(header::CONTENT_TYPE)
@@ -633,20 +630,10 @@ async fn settle(
                     status: status_name(&outcome).into(),
                 });
             }
-            Err(StoreError::Invalid(e)) => {
-                item.status = 400;
-                item.error = Some(
-                    ApiError::field(
-                        StatusCode::BAD_REQUEST,
-                        &format!("items[{i}].{}", e.field),
-                        e.reason,
-                    )
-                    .body,
-                );
-            }
             Err(e) => {
-                item.status = 503;
-                item.error = Some(ApiError::unavailable(format!("redis: {e}")).body);
+                let e = ApiError::from_store(e, &format!("items[{i}]"));
+                item.status = e.status.as_u16();
+                item.error = Some(e.body);
             }
         }
     }

@@ -34,14 +34,12 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
-use axum::http::{header, HeaderMap, StatusCode};
-
 use crate::endpoint::Endpoint;
 use crate::producer::Producer;
 use crate::store::{Store, StoreError};
 use crate::telemetry::{EnvelopeLabels, IngestMetrics};
 
-use auth::{Keys, Principal};
+use auth::Keys;
 
 /// Shared state of the handlers.
 #[derive(Clone)]
@@ -92,19 +90,7 @@ impl Ingest {
     ) -> Result<T, ApiError> {
         match tokio::time::timeout(self.inner.config.redis_timeout, f).await {
             Ok(Ok(v)) => Ok(v),
-            Ok(Err(StoreError::Invalid(e))) => {
-                Err(ApiError::field(StatusCode::BAD_REQUEST, e.field, e.reason))
-            }
-            Ok(Err(StoreError::InvalidEndpoint(e))) => {
-                Err(ApiError::field(StatusCode::BAD_REQUEST, e.field, e.reason))
-            }
-            Ok(Err(e @ StoreError::InvalidCursor)) => Err(ApiError::field(
-                StatusCode::BAD_REQUEST,
-                "cursor",
-                e.to_string(),
-            )),
-            Ok(Err(e @ StoreError::RoutingMissing(_))) => Err(ApiError::unavailable(e.to_string())),
-            Ok(Err(e)) => Err(ApiError::unavailable(format!("redis: {e}"))),
+            Ok(r) => r.map_err(ApiError::from),
             Err(_) => Err(ApiError::unavailable(format!(
                 "redis did not answer within {:?}",
                 self.inner.config.redis_timeout
@@ -131,33 +117,6 @@ impl Ingest {
             .endpoints
             .lock()
             .unwrap_or_else(|e| e.into_inner())
-    }
-
-    fn authenticate(&self, headers: &HeaderMap) -> Result<Principal, ApiError> {
-        let value = headers
-            .get(header::AUTHORIZATION)
-            .ok_or_else(|| ApiError::unauthorized("missing Authorization: Bearer <api key>"))?;
-        let key = value
-            .to_str()
-            .ok()
-            .and_then(|v| v.strip_prefix("Bearer "))
-            .ok_or_else(|| ApiError::unauthorized("Authorization must be Bearer <api key>"))?;
-        self.inner
-            .keys
-            .current()
-            .lookup(key.trim())
-            .cloned()
-            .ok_or_else(|| ApiError::unauthorized("unknown api key"))
-    }
-
-    fn authorize(&self, headers: &HeaderMap, tenant: &str) -> Result<Principal, ApiError> {
-        let who = self.authenticate(headers)?;
-        if !who.may_act_for(tenant) {
-            return Err(ApiError::forbidden(&who, tenant, None));
-        }
-        crate::envelope::validate_tenant(tenant)
-            .map_err(|e| ApiError::field(StatusCode::BAD_REQUEST, "tenant", e.reason))?;
-        Ok(who)
     }
 
     fn count(&self, outcome: &str, n: u64) {

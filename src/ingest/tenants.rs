@@ -6,9 +6,10 @@ use std::time::Duration;
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
 use axum::extract::{Path, Query, State};
-use axum::http::{HeaderMap, StatusCode};
+use axum::http::StatusCode;
 use axum::Json;
 
+use super::auth::Tenant;
 use super::config::{MAX_ENDPOINT_BODY_BYTES, MAX_EVENT_TYPE_BYTES};
 use super::error::{clip, ApiError};
 use super::wire::{
@@ -33,11 +34,10 @@ use crate::store::{StoreError, DEAD_LETTER_PAGE, REPLAY_PAGE};
     security(("api_key" = [])))]
 pub(super) async fn put_endpoint(
     State(ingest): State<Ingest>,
-    Path((tenant, name)): Path<(String, String)>,
-    headers: HeaderMap,
+    Path((_, name)): Path<(String, String)>,
+    Tenant { name: tenant, .. }: Tenant,
     b: Result<Bytes, BytesRejection>,
 ) -> Result<Json<EndpointOut>, ApiError> {
-    ingest.authorize(&headers, &tenant)?;
     validate_endpoint_name(&name)?;
     let b = body(b, MAX_ENDPOINT_BODY_BYTES)?;
     let spec: EndpointIn = parse(&b)?;
@@ -113,10 +113,9 @@ pub(super) async fn put_endpoint(
     security(("api_key" = [])))]
 pub(super) async fn get_endpoint(
     State(ingest): State<Ingest>,
-    Path((tenant, name)): Path<(String, String)>,
-    headers: HeaderMap,
+    Path((_, name)): Path<(String, String)>,
+    Tenant { name: tenant, .. }: Tenant,
 ) -> Result<Json<EndpointOut>, ApiError> {
-    ingest.authorize(&headers, &tenant)?;
     match ingest
         .redis(ingest.store().endpoint(&tenant, &name))
         .await?
@@ -133,10 +132,8 @@ pub(super) async fn get_endpoint(
     security(("api_key" = [])))]
 pub(super) async fn list_endpoints(
     State(ingest): State<Ingest>,
-    Path(tenant): Path<String>,
-    headers: HeaderMap,
+    Tenant { name: tenant, .. }: Tenant,
 ) -> Result<Json<Vec<EndpointOut>>, ApiError> {
-    ingest.authorize(&headers, &tenant)?;
     let list = ingest.redis(ingest.store().endpoints(&tenant)).await?;
     Ok(Json(
         list.iter()
@@ -153,10 +150,9 @@ pub(super) async fn list_endpoints(
     security(("api_key" = [])))]
 pub(super) async fn delete_endpoint(
     State(ingest): State<Ingest>,
-    Path((tenant, name)): Path<(String, String)>,
-    headers: HeaderMap,
+    Path((_, name)): Path<(String, String)>,
+    Tenant { name: tenant, .. }: Tenant,
 ) -> Result<StatusCode, ApiError> {
-    ingest.authorize(&headers, &tenant)?;
     let existed = ingest
         .redis(ingest.store().delete_endpoint(&tenant, &name))
         .await?;
@@ -220,9 +216,7 @@ pub(super) fn check_event_type(t: &str) -> Result<(), String> {
 async fn tenant_queues(ingest: &Ingest, tenant: &str) -> Result<Vec<QueueId>, ApiError> {
     let table = ingest.redis(ingest.store().routing()).await?;
     if !table.present() {
-        return Err(ApiError::unavailable(
-            StoreError::RoutingMissing(ingest.store().set().clone()).to_string(),
-        ));
+        return Err(StoreError::RoutingMissing(ingest.store().set().clone()).into());
     }
     let now = table.route(tenant);
     let shard = crate::routing::hash_shard(tenant, table.shards);
@@ -240,11 +234,9 @@ async fn tenant_queues(ingest: &Ingest, tenant: &str) -> Result<Vec<QueueId>, Ap
     security(("api_key" = [])))]
 pub(super) async fn list_dead(
     State(ingest): State<Ingest>,
-    Path(tenant): Path<String>,
     Query(query): Query<DeadQuery>,
-    headers: HeaderMap,
+    Tenant { name: tenant, .. }: Tenant,
 ) -> Result<Json<DeadLettersOut>, ApiError> {
-    ingest.authorize(&headers, &tenant)?;
     let limit = query.limit.unwrap_or(100).clamp(1, DEAD_LETTER_PAGE);
     let queues = tenant_queues(&ingest, &tenant).await?;
     // A cursor is "<queue>@<position in that queue's letters>": the queues
@@ -315,11 +307,9 @@ pub(super) async fn list_dead(
     security(("api_key" = [])))]
 pub(super) async fn replay_dead(
     State(ingest): State<Ingest>,
-    Path(tenant): Path<String>,
-    headers: HeaderMap,
+    Tenant { name: tenant, .. }: Tenant,
     b: Result<Bytes, BytesRejection>,
 ) -> Result<Json<ReplayOut>, ApiError> {
-    ingest.authorize(&headers, &tenant)?;
     let b = body(b, ingest.inner.config.max_body_bytes)?;
     let req: ReplayIn = if b.iter().all(u8::is_ascii_whitespace) {
         ReplayIn::default()
@@ -359,11 +349,9 @@ pub(super) async fn replay_dead(
     security(("api_key" = [])))]
 pub(super) async fn stats(
     State(ingest): State<Ingest>,
-    Path(tenant): Path<String>,
     Query(query): Query<StatsQuery>,
-    headers: HeaderMap,
+    Tenant { name: tenant, .. }: Tenant,
 ) -> Result<Json<StatsOut>, ApiError> {
-    ingest.authorize(&headers, &tenant)?;
     let window = Duration::from_secs(query.window.unwrap_or(60).clamp(10, 7200));
     let q = ingest.redis(ingest.inner.producer.route(&tenant)).await?;
     let a = ingest
