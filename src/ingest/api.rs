@@ -1,11 +1,11 @@
 //! The API as one router and one OpenAPI document, plus `/metrics`,
 //! `/healthz` and `/readyz`.
 
+use std::sync::LazyLock;
 use std::time::{Duration, Instant};
 
 use axum::extract::{DefaultBodyLimit, State};
-use axum::http::header;
-use axum::routing::{get, post, put};
+use axum::routing::{get, MethodFilter, MethodRouter};
 use axum::{Json, Router};
 use utoipa::OpenApi;
 
@@ -16,13 +16,71 @@ use super::serve::read_body;
 use super::tenants::*;
 use super::Ingest;
 
-#[derive(OpenApi)]
-#[openapi(
-    info(title = "lanekeeper ingest", description = "Post webhooks for delivery, fairly across tenants."),
-    paths(post_event, post_batch, put_endpoint, get_endpoint, list_endpoints, delete_endpoint, list_dead, replay_dead, stats),
-    modifiers(&SecurityAddon, &CommonResponses)
-)]
-pub struct ApiDoc;
+/// The API's operations, each named once, by its handler: the handler's
+/// `#[utoipa::path]` gives its method, path and documentation. The OpenAPI
+/// document, the router and [`ROUTES`] are all made from this one list, so
+/// an operation cannot be served undocumented or documented unserved.
+macro_rules! operations {
+    ($($handler:ident),+ $(,)?) => {
+        #[derive(OpenApi)]
+        #[openapi(
+            info(title = "lanekeeper ingest", description = "Post webhooks for delivery, fairly across tenants."),
+            paths($($handler),+),
+            modifiers(&SecurityAddon, &CommonResponses)
+        )]
+        pub struct ApiDoc;
+
+        /// The handler of the operation `id` (utoipa's operation id: the
+        /// handler's name), as the route for `method`.
+        fn handler(id: &str, method: MethodFilter) -> Option<MethodRouter<Ingest>> {
+            match id {
+                $(stringify!($handler) => Some(axum::routing::on(method, $handler)),)+
+                _ => None,
+            }
+        }
+    };
+}
+
+operations!(
+    post_event,
+    post_batch,
+    put_endpoint,
+    get_endpoint,
+    list_endpoints,
+    delete_endpoint,
+    list_dead,
+    replay_dead,
+    stats,
+);
+
+/// Every operation of the document: `(method, its filter, path, operation id)`.
+fn operations() -> Vec<(&'static str, MethodFilter, String, String)> {
+    let doc = ApiDoc::openapi();
+    let mut out = Vec::new();
+    for (path, item) in doc.paths.paths {
+        let ops = [
+            ("get", MethodFilter::GET, item.get),
+            ("put", MethodFilter::PUT, item.put),
+            ("post", MethodFilter::POST, item.post),
+            ("delete", MethodFilter::DELETE, item.delete),
+            ("options", MethodFilter::OPTIONS, item.options),
+            ("head", MethodFilter::HEAD, item.head),
+            ("patch", MethodFilter::PATCH, item.patch),
+            ("trace", MethodFilter::TRACE, item.trace),
+        ];
+        for (method, filter, op) in ops {
+            if let Some(op) = op {
+                out.push((
+                    method,
+                    filter,
+                    path.clone(),
+                    op.operation_id.unwrap_or_default(),
+                ));
+            }
+        }
+    }
+    out
+}
 
 /// Answers every operation can give, added to each one's responses unless
 /// it documents them itself: 400 (an invalid tenant in the path, a bad query),
@@ -96,65 +154,38 @@ impl utoipa::Modify for SecurityAddon {
     }
 }
 
-/// The routes the API serves, as `(method, path)`; the OpenAPI test checks
-/// that the document lists exactly these.
-pub const ROUTES: &[(&str, &str)] = &[
-    ("post", "/v1/events"),
-    ("post", "/v1/events:batch"),
-    ("get", "/v1/tenants/{tenant}/endpoints"),
-    ("put", "/v1/tenants/{tenant}/endpoints/{endpoint}"),
-    ("get", "/v1/tenants/{tenant}/endpoints/{endpoint}"),
-    ("delete", "/v1/tenants/{tenant}/endpoints/{endpoint}"),
-    ("get", "/v1/tenants/{tenant}/dead-letters"),
-    ("post", "/v1/tenants/{tenant}/dead-letters:replay"),
-    ("get", "/v1/tenants/{tenant}/stats"),
-];
+/// The routes the API serves, as `(method, path)`, from [`operations!`].
+pub static ROUTES: LazyLock<Vec<(&'static str, String)>> = LazyLock::new(|| {
+    operations()
+        .into_iter()
+        .map(|(method, _, path, _)| (method, path))
+        .collect()
+});
 
 /// The API, with `/metrics`, `/healthz` and `/readyz` (ready while Redis answers).
 pub fn router(ingest: Ingest) -> Router {
     let metrics = ingest.inner.metrics.clone();
     let counted = metrics.clone();
     let body_limit = ingest.inner.config.max_body_bytes;
-    let api = Router::new()
-        .route("/v1/events", post(post_event))
-        .route("/v1/events:batch", post(post_batch))
-        .route("/v1/tenants/{tenant}/endpoints", get(list_endpoints))
-        .route(
-            "/v1/tenants/{tenant}/endpoints/{endpoint}",
-            put(put_endpoint).get(get_endpoint).delete(delete_endpoint),
-        )
-        .route("/v1/tenants/{tenant}/dead-letters", get(list_dead))
-        .route(
-            "/v1/tenants/{tenant}/dead-letters:replay",
-            post(replay_dead),
-        )
-        .route("/v1/tenants/{tenant}/stats", get(stats))
-        .layer(DefaultBodyLimit::max(body_limit))
-        .layer(axum::middleware::from_fn_with_state(
-            ingest.clone(),
-            read_body,
-        ));
+    let mut api = Router::new();
+    for (_, method, path, id) in operations() {
+        let route = handler(&id, method)
+            .unwrap_or_else(|| panic!("the operation {id} ({path}) has no handler"));
+        api = api.route(&path, route);
+    }
+    let api =
+        api.layer(DefaultBodyLimit::max(body_limit))
+            .layer(axum::middleware::from_fn_with_state(
+                ingest.clone(),
+                read_body,
+            ));
     Router::new()
         .merge(api)
         .route(
             "/v1/openapi.json",
             get(|| async { Json(ApiDoc::openapi()) }),
         )
-        .route(
-            "/metrics",
-            get(move || {
-                let m = metrics.clone();
-                async move {
-                    (
-                        [(
-                            header::CONTENT_TYPE,
-                            "application/openmetrics-text; version=1.0.0; charset=utf-8",
-                        )],
-                        crate::telemetry::Encode::encode(&m),
-                    )
-                }
-            }),
-        )
+        .route("/metrics", crate::telemetry::metrics_route(metrics))
         .route("/healthz", get(|| async { "ok" }))
         .route("/readyz", get(ready))
         .with_state(ingest)
@@ -205,25 +236,33 @@ mod tests {
     use super::*;
 
     #[test]
-    fn the_openapi_document_lists_exactly_the_routes_served() {
-        let doc = serde_json::to_value(ApiDoc::openapi()).unwrap();
-        let mut listed: Vec<(String, String)> = doc["paths"]
-            .as_object()
-            .unwrap()
-            .iter()
-            .flat_map(|(path, ops)| {
-                ops.as_object()
-                    .unwrap()
-                    .keys()
-                    .map(move |m| (m.clone(), path.clone()))
-            })
-            .collect();
-        listed.sort();
-        let mut want: Vec<(String, String)> = ROUTES
-            .iter()
-            .map(|(m, p)| (m.to_string(), p.to_string()))
-            .collect();
+    fn every_documented_operation_is_routed_to_its_handler() {
+        let ops = operations();
+        for (method, filter, path, id) in &ops {
+            assert!(
+                handler(id, *filter).is_some(),
+                "{method} {path}: operation {id:?} has no handler"
+            );
+        }
+        let mut ids: Vec<&str> = ops.iter().map(|o| o.3.as_str()).collect();
+        ids.sort();
+        ids.dedup();
+        assert_eq!(ids.len(), ops.len(), "one handler per operation: {ids:?}");
+        // The API's surface: a change here is a change of the public API.
+        let mut served: Vec<(&str, &str)> = ROUTES.iter().map(|(m, p)| (*m, p.as_str())).collect();
+        served.sort();
+        let mut want = vec![
+            ("post", "/v1/events"),
+            ("post", "/v1/events:batch"),
+            ("get", "/v1/tenants/{tenant}/endpoints"),
+            ("put", "/v1/tenants/{tenant}/endpoints/{endpoint}"),
+            ("get", "/v1/tenants/{tenant}/endpoints/{endpoint}"),
+            ("delete", "/v1/tenants/{tenant}/endpoints/{endpoint}"),
+            ("get", "/v1/tenants/{tenant}/dead-letters"),
+            ("post", "/v1/tenants/{tenant}/dead-letters:replay"),
+            ("get", "/v1/tenants/{tenant}/stats"),
+        ];
         want.sort();
-        assert_eq!(listed, want);
+        assert_eq!(served, want);
     }
 }
