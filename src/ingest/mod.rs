@@ -5,7 +5,12 @@
 //! envelope ids as idempotency keys, and each tenant's backlog limit checked
 //! inside the enqueue script, so a whale past its limit gets 429 while every
 //! other tenant's posts go on. The OpenAPI document is generated from the
-//! handlers and types below (utoipa), so it cannot drift from them.
+//! handlers and types (utoipa), and the router from the same operation list
+//! (`api`), so neither can drift from them.
+//!
+//! This file holds the handlers' shared state ([`Ingest`]) and re-exports;
+//! each job has its file: `config`, `wire`, `error`, `auth` (keys and the
+//! extractors), `events`, `tenants`, `api`, `metrics`, `serve`.
 
 mod api;
 pub mod auth;
