@@ -160,8 +160,9 @@ impl Default for Mix {
 impl Mix {
     /// Refuse a mix the simulator cannot serve, naming the field.
     pub fn validate(&self) -> anyhow::Result<()> {
-        if !(1..=1024).contains(&self.shards) {
-            bail!("shards must be between 1 and 1024, not {}", self.shards);
+        let max = crate::routing::MAX_SHARDS;
+        if !(1..=max).contains(&self.shards) {
+            bail!("shards must be between 1 and {max}, not {}", self.shards);
         }
         if self.workers == 0 || self.cap == 0 {
             bail!("workers and cap must be at least 1");
