@@ -13,6 +13,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta, 
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kube::Resource;
 
+use crate::crd::conditions;
 use crate::crd::{DedicatedLane, SecretKeyRef, ShardSet, WorkerOverrides, WorkerTemplate};
 use crate::routing::QueueId;
 
@@ -116,7 +117,7 @@ pub fn enforce_worker_policy(
         {
             return Err(refuse(
                 "spec.worker.serviceAccountName".into(),
-                "ServiceAccountNotAllowed",
+                conditions::SERVICE_ACCOUNT_NOT_ALLOWED,
                 format!("ServiceAccount {sa:?} is not one the operator allows workers to run as (controller flag --allow-worker-service-account)"),
             ));
         }
@@ -124,7 +125,7 @@ pub fn enforce_worker_policy(
     if !image_allowed(&w.image, &policy.allowed_image_prefixes) {
         return Err(refuse(
             "spec.worker.image".into(),
-            "ImageNotAllowed",
+            conditions::IMAGE_NOT_ALLOWED,
             format!(
                 "image {:?} does not start with an allowed prefix ({}; controller flag --allow-worker-image)",
                 w.image,
@@ -136,7 +137,7 @@ pub fn enforce_worker_policy(
         if !listed(&policy.allowed_priority_classes, pc) {
             return Err(refuse(
                 "spec.worker.priorityClassName".into(),
-                "PriorityClassNotAllowed",
+                conditions::PRIORITY_CLASS_NOT_ALLOWED,
                 format!("PriorityClass {pc:?} is not one the operator allows (controller flag --allow-worker-priority-class)"),
             ));
         }
@@ -147,7 +148,7 @@ pub fn enforce_worker_policy(
         if !any_toleration && (key.is_empty() || !listed(&policy.allowed_toleration_keys, &key)) {
             return Err(refuse(
                 format!("spec.worker.tolerations[{i}]"),
-                "TolerationNotAllowed",
+                conditions::TOLERATION_NOT_ALLOWED,
                 if key.is_empty() {
                     "a toleration without a key tolerates every taint; the operator does not allow it (controller flag --allow-worker-toleration=*)".to_string()
                 } else {
@@ -160,7 +161,7 @@ pub fn enforce_worker_policy(
         if controller_env_name(&e.name) {
             return Err(refuse(
                 format!("spec.worker.env[{i}].name"),
-                "EnvNotAllowed",
+                conditions::ENV_NOT_ALLOWED,
                 format!(
                     "{:?} is set by the controller (LANEKEEPER_* and POD_NAME)",
                     e.name
@@ -170,7 +171,7 @@ pub fn enforce_worker_policy(
         if proxy_env_name(&e.name) && !policy.allow_proxy_env {
             return Err(refuse(
                 format!("spec.worker.env[{i}].name"),
-                "EnvNotAllowed",
+                conditions::ENV_NOT_ALLOWED,
                 format!("{:?} would route deliveries through a proxy past the SSRF guard; the operator does not allow it (controller flag --allow-worker-proxy-env)", e.name),
             ));
         }
@@ -179,7 +180,7 @@ pub fn enforce_worker_policy(
             if !listed(&policy.allowed_env_secrets, &r.name) {
                 return Err(refuse(
                     format!("spec.worker.env[{i}].valueFrom.secretKeyRef.name"),
-                    "SecretNotAllowed",
+                    conditions::SECRET_NOT_ALLOWED,
                     format!("Secret {:?} is not one the operator allows workers to read (controller flag --allow-worker-secret)", r.name),
                 ));
             }
@@ -211,7 +212,7 @@ pub fn check_redis_credentials(redis: &crate::crd::RedisSpec) -> Result<(), Poli
         Some(u) if u.name == pw.name => Ok(()),
         Some(u) => Err(PolicyViolation {
             field: "spec.redis.passwordSecretRef".into(),
-            reason: "PasswordNotWithURL",
+            reason: conditions::PASSWORD_NOT_WITH_URL,
             message: format!(
                 "the password in Secret {:?} may only go to the URL stored with it, but spec.redis.urlSecretRef names Secret {:?}; name the same Secret in both",
                 pw.name, u.name
@@ -219,7 +220,7 @@ pub fn check_redis_credentials(redis: &crate::crd::RedisSpec) -> Result<(), Poli
         }),
         None => Err(PolicyViolation {
             field: "spec.redis.passwordSecretRef".into(),
-            reason: "PasswordNotWithURL",
+            reason: conditions::PASSWORD_NOT_WITH_URL,
             message: format!(
                 "the password in Secret {:?} may only go to the URL stored with it: use spec.redis.urlSecretRef naming the same Secret instead of spec.redis.url",
                 pw.name

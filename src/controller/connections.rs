@@ -5,6 +5,7 @@
 use crate::controller::build::PolicyViolation;
 use crate::controller::Context;
 use crate::controller::Error;
+use crate::crd::conditions;
 use crate::crd::RedisSpec;
 use crate::crd::ShardSet;
 use crate::store::ConnectOptions;
@@ -77,7 +78,7 @@ pub(crate) async fn check_redis_secrets(
             Err(kube::Error::Api(e)) if e.code == 403 => {
                 return Err(PolicyViolation {
                     field: field.to_string(),
-                    reason: "SecretNotAllowed",
+                    reason: conditions::SECRET_NOT_ALLOWED,
                     message: format!("the controller may not read Secret {name:?}, so a ShardSet may not use it (the operator names the Secrets it may read: chart values redis.secretName, redis.extraSecretNames)"),
                 }
                 .into())

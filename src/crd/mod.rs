@@ -9,6 +9,7 @@
 // Each `printcolumn(...)` of `#[kube]` repeats `name`/`type_`/`json_path` by design.
 #![allow(clippy::duplicated_attributes)]
 
+pub mod conditions;
 mod lane;
 mod shardset;
 

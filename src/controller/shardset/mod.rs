@@ -21,6 +21,7 @@ use crate::controller::status;
 use crate::controller::store_for;
 use crate::controller::Context;
 use crate::controller::Error;
+use crate::crd::conditions;
 use crate::crd::DedicatedLane;
 use crate::crd::ShardSet;
 use crate::crd::ShardSetStatus;
@@ -356,7 +357,7 @@ async fn redis_step(
                     ctx.event(
                         &set.object_ref(&()),
                         EventType::Warning,
-                        "RedisStateLost",
+                        conditions::REDIS_STATE_LOST,
                         "Restore",
                         what.clone(),
                     )
@@ -456,7 +457,7 @@ async fn status_step(
     let ready = st
         .conditions
         .iter()
-        .any(|c| c.type_ == "Ready" && c.status == "True");
+        .any(|c| c.type_ == conditions::READY && c.status == "True");
     let moving =
         st.resharding.is_some() || view.waiting_for_shards || !view.waiting_for_lanes.is_empty();
     write_status(sets, set, ctx, st).await?;
@@ -492,7 +493,7 @@ async fn refuse(
     let news = set.status.as_ref().is_some_and(|s| {
         s.conditions
             .iter()
-            .any(|c| c.type_ == "Degraded" && c.status == "True" && c.message != message)
+            .any(|c| c.type_ == conditions::DEGRADED && c.status == "True" && c.message != message)
     });
     if news {
         ctx.event(

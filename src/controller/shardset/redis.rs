@@ -10,6 +10,7 @@ use crate::controller::reshard;
 use crate::controller::status;
 use crate::controller::store_for;
 use crate::controller::Context;
+use crate::crd::conditions;
 use crate::crd::DedicatedLane;
 use crate::crd::ShardSet;
 use crate::routing::QueueId;
@@ -168,7 +169,7 @@ pub(super) async fn run_reshard(
         ctx.event(
             &set.object_ref(&()),
             EventType::Normal,
-            "Resharded",
+            conditions::RESHARDED,
             "Reshard",
             format!(
                 "resharded from {} to {} shards: moved {} of {} tenants",
