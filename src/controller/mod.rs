@@ -7,6 +7,7 @@
 
 pub mod build;
 pub mod lane;
+pub mod leader;
 #[cfg(test)]
 mod mock_tests;
 pub mod promotion;
