@@ -19,7 +19,7 @@ struct Cli {
     #[arg(
         long,
         global = true,
-        env = "LANEKEEPER_LOG_FORMAT",
+        env = lanekeeper::worker::env::LOG_FORMAT,
         value_enum,
         default_value = "text"
     )]

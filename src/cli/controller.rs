@@ -5,6 +5,7 @@
 
 use anyhow::Context;
 use lanekeeper::controller::leader;
+use lanekeeper::worker::env;
 
 use super::shutdown::Shutdown;
 
@@ -14,7 +15,7 @@ pub struct ControllerArgs {
     #[arg(long, env = "LANEKEEPER_WATCH_NAMESPACE")]
     namespace: Option<String>,
     /// Address for /metrics, /healthz and /readyz.
-    #[arg(long, env = "LANEKEEPER_METRICS_ADDR", default_value = "0.0.0.0:8080")]
+    #[arg(long, env = env::METRICS_ADDR, default_value = "0.0.0.0:8080")]
     metrics_addr: std::net::SocketAddr,
     /// How often each ShardSet's tenants are measured for promotion to,
     /// and demotion from, dedicated lanes.
@@ -47,7 +48,7 @@ pub struct ElectionArgs {
     #[arg(long, env = "LANEKEEPER_LEASE_DURATION", default_value = "15s")]
     lease_duration: kube::core::Duration,
     /// This replica's identity in the Lease (defaults to the pod name, then host:pid).
-    #[arg(long, env = "POD_NAME")]
+    #[arg(long, env = env::POD_NAME)]
     identity: Option<String>,
 }
 
@@ -65,6 +66,8 @@ impl ElectionArgs {
 
 /// What the operator lets a ShardSet's worker template ask for (see the
 /// README's "Security model"). A ShardSet author gets no more than this.
+// One line per flag attribute, so that the flags read as a table.
+#[rustfmt::skip]
 #[derive(clap::Args, Debug, Clone)]
 pub struct WorkerPolicyArgs {
     /// ServiceAccount worker pods run as when a ShardSet names none
@@ -73,54 +76,30 @@ pub struct WorkerPolicyArgs {
     worker_service_account: Option<String>,
     /// ServiceAccounts a ShardSet may name in spec.worker.serviceAccountName
     /// (comma-separated). Default: none.
-    #[arg(
-        long = "allow-worker-service-account",
-        env = "LANEKEEPER_ALLOW_WORKER_SERVICE_ACCOUNTS",
-        value_delimiter = ','
-    )]
+    #[arg(long = "allow-worker-service-account", env = "LANEKEEPER_ALLOW_WORKER_SERVICE_ACCOUNTS", value_delimiter = ',')]
     allow_worker_service_accounts: Vec<String>,
     /// Secrets spec.worker.env[].valueFrom.secretKeyRef may name
     /// (comma-separated). Default: none.
-    #[arg(
-        long = "allow-worker-secret",
-        env = "LANEKEEPER_ALLOW_WORKER_SECRETS",
-        value_delimiter = ','
-    )]
+    #[arg(long = "allow-worker-secret", env = "LANEKEEPER_ALLOW_WORKER_SECRETS", value_delimiter = ',')]
     allow_worker_secrets: Vec<String>,
     /// PriorityClasses spec.worker.priorityClassName may name
     /// (comma-separated). Default: none.
-    #[arg(
-        long = "allow-worker-priority-class",
-        env = "LANEKEEPER_ALLOW_WORKER_PRIORITY_CLASSES",
-        value_delimiter = ','
-    )]
+    #[arg(long = "allow-worker-priority-class", env = "LANEKEEPER_ALLOW_WORKER_PRIORITY_CLASSES", value_delimiter = ',')]
     allow_worker_priority_classes: Vec<String>,
     /// Image prefixes spec.worker.image must start with, at a `/`, `:` or
     /// `@` boundary (comma-separated). Default: any image.
-    #[arg(
-        long = "allow-worker-image",
-        env = "LANEKEEPER_ALLOW_WORKER_IMAGES",
-        value_delimiter = ','
-    )]
+    #[arg(long = "allow-worker-image", env = "LANEKEEPER_ALLOW_WORKER_IMAGES", value_delimiter = ',')]
     allow_worker_images: Vec<String>,
     /// Taint keys spec.worker.tolerations may tolerate (comma-separated);
     /// `*`: any toleration, even of every taint. Default: none.
-    #[arg(
-        long = "allow-worker-toleration",
-        env = "LANEKEEPER_ALLOW_WORKER_TOLERATIONS",
-        value_delimiter = ','
-    )]
+    #[arg(long = "allow-worker-toleration", env = "LANEKEEPER_ALLOW_WORKER_TOLERATIONS", value_delimiter = ',')]
     allow_worker_tolerations: Vec<String>,
     /// Let spec.worker.env set HTTP_PROXY, HTTPS_PROXY, NO_PROXY or ALL_PROXY.
     #[arg(long, env = "LANEKEEPER_ALLOW_WORKER_PROXY_ENV")]
     allow_worker_proxy_env: bool,
     /// Non-global CIDRs every worker may deliver to (its
     /// LANEKEEPER_ALLOW_CIDRS, which a ShardSet cannot set). Comma-separated.
-    #[arg(
-        long = "worker-allow-cidr",
-        env = "LANEKEEPER_WORKER_ALLOW_CIDRS",
-        value_delimiter = ','
-    )]
+    #[arg(long = "worker-allow-cidr", env = "LANEKEEPER_WORKER_ALLOW_CIDRS", value_delimiter = ',')]
     worker_allow_cidrs: Vec<ipnet::IpNet>,
 }
 

@@ -2,48 +2,41 @@
 //! `--shard-set` and the Redis credentials and TLS files), shared by
 //! `worker`, `ingest`, `route` and `top`, and the connection they make.
 
+use lanekeeper::worker::env;
 use std::path::PathBuf;
 
 /// Where a ShardSet's queues live.
+// One line per flag attribute, so that the flags read as a table.
+#[rustfmt::skip]
 #[derive(clap::Args, Debug)]
 pub struct RedisTarget {
     /// Redis URL of the ShardSet.
-    #[arg(long, env = "LANEKEEPER_REDIS_URL")]
+    #[arg(long, env = env::REDIS_URL)]
     pub redis: Option<String>,
     /// The ShardSet, as <namespace>/<name>.
-    #[arg(long, env = "LANEKEEPER_SHARD_SET")]
+    #[arg(long, env = env::SHARD_SET)]
     pub shard_set: Option<lanekeeper::store::SetId>,
     /// The Redis is a Redis Cluster: `redis://host:port` is read as
     /// `redis+cluster://host:port` (a ShardSet's `spec.redis.cluster`).
-    #[arg(long, env = "LANEKEEPER_REDIS_CLUSTER")]
+    #[arg(long, env = env::REDIS_CLUSTER)]
     pub redis_cluster: bool,
     /// Password for the Redis URL (a ShardSet's `spec.redis.passwordSecretRef`).
-    #[arg(long, env = "LANEKEEPER_REDIS_PASSWORD", hide_env_values = true)]
+    #[arg(long, env = env::REDIS_PASSWORD, hide_env_values = true)]
     pub redis_password: Option<String>,
     /// ACL user name for the Redis URL (a ShardSet's `spec.redis.username`);
     /// needs a password.
-    #[arg(long, env = "LANEKEEPER_REDIS_USERNAME", requires = "redis_password")]
+    #[arg(long, env = env::REDIS_USERNAME, requires = "redis_password")]
     pub redis_username: Option<String>,
     /// PEM CA bundle to verify a `rediss://` server with, instead of the
     /// system roots (a ShardSet's `spec.redis.tls.caSecretRef`).
-    #[arg(long, env = "LANEKEEPER_REDIS_CA_FILE", value_name = "PEM")]
+    #[arg(long, env = env::REDIS_CA_FILE, value_name = "PEM")]
     pub redis_ca_file: Option<PathBuf>,
     /// PEM client certificate for a Redis that asks for one
     /// (`tls-auth-clients`); with --redis-client-key-file.
-    #[arg(
-        long,
-        env = "LANEKEEPER_REDIS_CLIENT_CERT_FILE",
-        value_name = "PEM",
-        requires = "redis_client_key_file"
-    )]
+    #[arg(long, env = env::REDIS_CLIENT_CERT_FILE, value_name = "PEM", requires = "redis_client_key_file")]
     pub redis_client_cert_file: Option<PathBuf>,
     /// PEM private key of --redis-client-cert-file.
-    #[arg(
-        long,
-        env = "LANEKEEPER_REDIS_CLIENT_KEY_FILE",
-        value_name = "PEM",
-        requires = "redis_client_cert_file"
-    )]
+    #[arg(long, env = env::REDIS_CLIENT_KEY_FILE, value_name = "PEM", requires = "redis_client_cert_file")]
     pub redis_client_key_file: Option<PathBuf>,
 }
 

@@ -4,38 +4,39 @@
 
 use super::redis::RedisTarget;
 use super::shutdown::Shutdown;
+use lanekeeper::worker::env;
 
 #[derive(clap::Args, Debug)]
 pub struct WorkerArgs {
     #[command(flatten)]
     target: RedisTarget,
     /// The queue to serve: shard-<N> or lane-<N>.
-    #[arg(long, env = "LANEKEEPER_QUEUE")]
+    #[arg(long, env = env::QUEUE)]
     queue: lanekeeper::routing::QueueId,
     /// Deliveries in flight in this process.
-    #[arg(long, env = "LANEKEEPER_CONCURRENCY", default_value_t = 16)]
+    #[arg(long, env = env::CONCURRENCY, default_value_t = 16)]
     concurrency: usize,
     /// Total time for one delivery attempt.
-    #[arg(long, env = "LANEKEEPER_DELIVERY_TIMEOUT", default_value = "30s")]
+    #[arg(long, env = env::DELIVERY_TIMEOUT, default_value = "30s")]
     delivery_timeout: kube::core::Duration,
     /// Time to connect to an endpoint.
-    #[arg(long, env = "LANEKEEPER_CONNECT_TIMEOUT", default_value = "5s")]
+    #[arg(long, env = env::CONNECT_TIMEOUT, default_value = "5s")]
     connect_timeout: kube::core::Duration,
     /// First retry delay; doubles per attempt, with jitter.
-    #[arg(long, env = "LANEKEEPER_INITIAL_BACKOFF", default_value = "1s")]
+    #[arg(long, env = env::INITIAL_BACKOFF, default_value = "1s")]
     initial_backoff: kube::core::Duration,
     /// Longest retry delay.
-    #[arg(long, env = "LANEKEEPER_MAX_BACKOFF", default_value = "1h")]
+    #[arg(long, env = env::MAX_BACKOFF, default_value = "1h")]
     max_backoff: kube::core::Duration,
     /// Lease = connect timeout + delivery timeout + this margin; past it, the
     /// envelope goes to another worker.
-    #[arg(long, env = "LANEKEEPER_LEASE_MARGIN", default_value = "10s")]
+    #[arg(long, env = env::LEASE_MARGIN, default_value = "10s")]
     lease_margin: kube::core::Duration,
     /// CIDRs that deliveries may reach although they are not global
     /// (loopback, private, ...). Comma-separated.
     #[arg(
         long = "allow-cidr",
-        env = "LANEKEEPER_ALLOW_CIDRS",
+        env = env::ALLOW_CIDRS,
         value_delimiter = ','
     )]
     allow_cidrs: Vec<ipnet::IpNet>,
@@ -44,19 +45,19 @@ pub struct WorkerArgs {
     /// the SSRF guard checks each URL's host before the request, but the
     /// proxy resolves and connects on its own: its access rules must refuse
     /// internal addresses (see docs/architecture.md).
-    #[arg(long, env = "LANEKEEPER_PROXY")]
+    #[arg(long, env = env::PROXY)]
     proxy: Option<reqwest::Url>,
     /// After SIGTERM, time for deliveries in flight to finish.
-    #[arg(long, env = "LANEKEEPER_GRACE_PERIOD", default_value = "25s")]
+    #[arg(long, env = env::GRACE_PERIOD, default_value = "25s")]
     grace_period: kube::core::Duration,
     /// Address for /metrics and /healthz, e.g. 0.0.0.0:9090.
-    #[arg(long, env = "LANEKEEPER_METRICS_ADDR")]
+    #[arg(long, env = env::METRICS_ADDR)]
     metrics_addr: Option<std::net::SocketAddr>,
     /// Tenants with their own metric labels; the rest are "other".
-    #[arg(long, env = "LANEKEEPER_TENANT_LABEL_CAP", default_value_t = 100)]
+    #[arg(long, env = env::TENANT_LABEL_CAP, default_value_t = 100)]
     tenant_label_cap: usize,
     /// Identity in lease tokens and logs (defaults to the pod name, then host:pid).
-    #[arg(long, env = "POD_NAME")]
+    #[arg(long, env = env::POD_NAME)]
     worker_id: Option<String>,
 }
 
