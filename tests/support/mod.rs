@@ -22,16 +22,16 @@
 //!
 //! | test binary | real parts |
 //! | --- | --- |
-//! | cluster | cluster, redis; lanekeeper worker, ingest, top, simulate; receiver |
+//! | cluster | cluster; lanekeeper worker, ingest, top, simulate; receiver |
 //! | dataplane | redis |
 //! | demo | full, redis; lanekeeper controller, worker, ingest; receiver |
 //! | e2e_apiload | full, redis; lanekeeper controller |
 //! | e2e_cluster | full |
-//! | e2e_controller | full (and apiserver), redis (shared, dedicated, restarted), cluster; lanekeeper controller (leader election), worker |
+//! | e2e_controller | full, redis (shared, dedicated, restarted), cluster; lanekeeper controller (two replicas: leader election) |
 //! | e2e_crds | apiserver |
 //! | e2e_lanes | full, redis; lanekeeper controller, worker; receiver |
 //! | e2e_lifecycle | full, redis; lanekeeper controller |
-//! | e2e_redis | full, redis (dedicated, with settings); lanekeeper controller, worker; receiver |
+//! | e2e_redis | full, redis (dedicated: settings, TLS, ACL); lanekeeper controller, worker; receiver |
 //! | e2e_reshard | full, redis; lanekeeper controller, worker; receiver |
 //! | e2e_security | full, redis; lanekeeper controller (own RBAC identities) |
 //! | generated | lanekeeper crds (no server) |
@@ -39,13 +39,13 @@
 //! | ingest | redis (shared, dedicated, restarted); lanekeeper ingest |
 //! | integrity | redis |
 //! | model | redis |
-//! | packaging | full and apiserver, redis; helm (`tests/helm/install.sh`), kubectl; lanekeeper controller, worker, ingest, crds; receiver |
+//! | packaging | full, redis; helm (`tests/helm/install.sh`), kubectl; lanekeeper controller (as the chart's ServiceAccount), worker; receiver |
 //! | redis_cluster_prod | cluster (TLS, from `redis-server`/`redis-cli` on PATH) |
 //! | redis_durability | redis (a primary and a replica); lanekeeper worker, ingest; receiver |
 //! | redis_harness | redis |
 //! | redis_settings | redis (dedicated, with settings); lanekeeper worker, ingest |
-//! | redis_state | redis; lanekeeper worker, ingest; receiver |
-//! | redis_tls | redis with TLS; lanekeeper worker, ingest, route; receiver |
+//! | redis_state | redis; lanekeeper worker; receiver |
+//! | redis_tls | redis-server with `--tls-port` (certificates from `redis::Pki`); lanekeeper worker, ingest, route; receiver |
 //! | routing | redis; lanekeeper route, top |
 //! | simulate | redis; lanekeeper simulate |
 //! | worker | redis; lanekeeper worker; receiver |
