@@ -16,6 +16,7 @@ pub mod build;
 mod connections;
 mod context;
 pub mod lane;
+pub mod leader;
 pub mod promotion;
 pub mod reshard;
 mod shardset;

@@ -372,8 +372,13 @@ impl SimulateArgs {
     }
 }
 
-/// `lanekeeper simulate`: run, print the table, write the chart.
-pub async fn run_cli(args: SimulateArgs) -> anyhow::Result<()> {
+/// `lanekeeper simulate`: run, print the table, write the chart; when
+/// `interrupted` resolves first (the binary's SIGINT/SIGTERM), delete the
+/// run's keys and fail.
+pub async fn run_cli(
+    args: SimulateArgs,
+    interrupted: impl std::future::Future<Output = ()>,
+) -> anyhow::Result<()> {
     let mix = args.mix()?;
     let workload = Workload::generate(&mix);
     eprintln!(
@@ -388,7 +393,7 @@ pub async fn run_cli(args: SimulateArgs) -> anyhow::Result<()> {
     let id = run_id();
     let report = tokio::select! {
         r = run_as(&args.redis, &mix, &workload, &id) => r?,
-        _ = interrupted() => {
+        _ = interrupted => {
             let removed = purge(&args.redis, &id).await?;
             bail!("interrupted; deleted the run's {removed} keys");
         }
@@ -398,25 +403,4 @@ pub async fn run_cli(args: SimulateArgs) -> anyhow::Result<()> {
         .with_context(|| format!("writing {}", args.svg.display()))?;
     println!("chart: {}", args.svg.display());
     Ok(())
-}
-
-/// Resolves on SIGINT or SIGTERM.
-async fn interrupted() {
-    #[cfg(unix)]
-    {
-        use tokio::signal::unix::{signal, SignalKind};
-        match signal(SignalKind::terminate()) {
-            Ok(mut term) => tokio::select! {
-                _ = tokio::signal::ctrl_c() => {}
-                _ = term.recv() => {}
-            },
-            Err(_) => {
-                let _ = tokio::signal::ctrl_c().await;
-            }
-        }
-    }
-    #[cfg(not(unix))]
-    {
-        let _ = tokio::signal::ctrl_c().await;
-    }
 }
