@@ -1559,7 +1559,7 @@ spec:
             format!(
                 r#"lanekeeper_lane_condition{{namespace="{sns}",shard_set="webhooks",lane="webhooks-bigimport",condition="Admitted"}} 1"#
             ),
-            "lanekeeper_reconcile_errors_total{kind=".to_string(),
+            "lanekeeper_reconcile_errors_total{controller=".to_string(),
         ],
         &run.log,
         run.pid,

@@ -130,7 +130,7 @@ pub async fn run(args: ControllerArgs, shutdown: Shutdown) -> anyhow::Result<()>
     let client = kube::Client::try_default()
         .await
         .context("no Kubernetes credentials: run in a pod, or set KUBECONFIG")?;
-    let metrics = lanekeeper::telemetry::ControllerMetrics::default();
+    let metrics = lanekeeper::controller::metrics::ControllerMetrics::default();
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
     let bound = lanekeeper::telemetry::serve(metrics_addr, metrics.clone(), async move {
         let _ = stop_rx.await;

@@ -42,13 +42,13 @@ pub struct Context {
     /// Per set: the reshard under way, as this process last decided it.
     pub(crate) reshards:
         Mutex<HashMap<ObjectRef<ShardSet>, Arc<tokio::sync::Mutex<ReshardMemory>>>>,
-    pub metrics: crate::telemetry::ControllerMetrics,
+    pub metrics: crate::controller::metrics::ControllerMetrics,
     /// What the operator lets a ShardSet's worker template ask for.
     pub worker_policy: WorkerPolicy,
 }
 
 impl Context {
-    pub fn new(client: Client, metrics: crate::telemetry::ControllerMetrics) -> Self {
+    pub fn new(client: Client, metrics: crate::controller::metrics::ControllerMetrics) -> Self {
         Self {
             recorders: Mutex::default(),
             client,

@@ -462,12 +462,12 @@ async fn reconcile_guarded(
 ) -> Result<Action, LaneError> {
     match &obj.0 {
         Ok(lane) => {
-            ctx.metrics.reconciles.inc();
             let started = std::time::Instant::now();
             let r = reconcile(lane, &ctx).await;
-            ctx.metrics
-                .reconcile_duration
-                .observe(started.elapsed().as_secs_f64());
+            ctx.metrics.reconciled(
+                crate::controller::metrics::DEDICATED_LANE,
+                started.elapsed(),
+            );
             r
         }
         Err(_) => Ok(Action::await_change()),
@@ -480,16 +480,12 @@ fn error_policy(
     ctx: Arc<Context>,
 ) -> Action {
     let kind = match err {
-        LaneError::Kube(_) => "lane_kube",
-        LaneError::Store(_) => "lane_redis",
-        LaneError::Other(_) => "lane_other",
+        LaneError::Kube(_) => "kube",
+        LaneError::Store(_) => "redis",
+        LaneError::Other(_) => "other",
     };
     ctx.metrics
-        .reconcile_errors
-        .get_or_create(&crate::telemetry::ErrorLabels {
-            kind: kind.to_string(),
-        })
-        .inc();
+        .reconcile_failed(crate::controller::metrics::DEDICATED_LANE, kind);
     Action::requeue(Duration::from_secs(2))
 }
 

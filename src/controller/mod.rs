@@ -17,6 +17,7 @@ mod connections;
 mod context;
 pub mod lane;
 pub mod leader;
+pub mod metrics;
 pub mod promotion;
 pub mod reshard;
 mod shardset;

@@ -146,7 +146,7 @@ async fn server_errors_are_transient_not_fatal() {
     );
     let text = crate::telemetry::Encode::encode(&ctx.metrics);
     assert!(
-        text.contains(r#"lanekeeper_reconcile_errors_total{kind="kube"} 1"#),
+        text.contains(r#"lanekeeper_reconcile_errors_total{controller="shardset",kind="kube"} 1"#),
         "{text}"
     );
 }

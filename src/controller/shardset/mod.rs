@@ -16,6 +16,7 @@ use crate::controller::build::PolicyViolation;
 use crate::controller::build::FIELD_MANAGER;
 use crate::controller::check_redis_secrets;
 use crate::controller::lane;
+use crate::controller::metrics::SHARDSET;
 use crate::controller::reshard;
 use crate::controller::status;
 use crate::controller::store_for;
@@ -78,20 +79,14 @@ pub(super) fn error_policy_guarded(
     match &obj.0 {
         Ok(set) => error_policy(Arc::new(set.clone()), err, ctx),
         Err(_) => {
-            ctx.metrics
-                .reconcile_errors
-                .get_or_create(&error_kind(err))
-                .inc();
+            ctx.metrics.reconcile_failed(SHARDSET, error_kind(err));
             Action::await_change()
         }
     }
 }
 
 fn error_policy(set: Arc<ShardSet>, err: &Error, ctx: Arc<Context>) -> Action {
-    ctx.metrics
-        .reconcile_errors
-        .get_or_create(&error_kind(err))
-        .inc();
+    ctx.metrics.reconcile_failed(SHARDSET, error_kind(err));
     match err {
         // Waits for a change of the spec (or of an undecodable object).
         Error::Build(_) | Error::Policy(_) | Error::Undecodable { .. } => Action::await_change(),
@@ -108,25 +103,19 @@ fn error_policy(set: Arc<ShardSet>, err: &Error, ctx: Arc<Context>) -> Action {
     }
 }
 
-fn error_kind(err: &Error) -> crate::telemetry::ErrorLabels {
-    crate::telemetry::ErrorLabels {
-        kind: match err {
-            Error::Kube(_) => "kube",
-            Error::Build(_) => "invalid_spec",
-            Error::Policy(_) => "refused",
-            Error::Undecodable { .. } => "undecodable",
-        }
-        .to_string(),
+fn error_kind(err: &Error) -> &'static str {
+    match err {
+        Error::Kube(_) => "kube",
+        Error::Build(_) => "invalid_spec",
+        Error::Policy(_) => "refused",
+        Error::Undecodable { .. } => "undecodable",
     }
 }
 
 async fn reconcile(set: Arc<ShardSet>, ctx: Arc<Context>) -> Result<Action, Error> {
     let started = Instant::now();
-    ctx.metrics.reconciles.inc();
     let result = reconcile_inner(&set, &ctx).await;
-    ctx.metrics
-        .reconcile_duration
-        .observe(started.elapsed().as_secs_f64());
+    ctx.metrics.reconciled(SHARDSET, started.elapsed());
     if result.is_ok() {
         ctx.failures
             .lock()
@@ -472,8 +461,8 @@ async fn status_step(
     })
 }
 
-fn set_labels(set: &ShardSet) -> crate::telemetry::SetLabels {
-    crate::telemetry::SetLabels {
+fn set_labels(set: &ShardSet) -> crate::controller::metrics::SetLabels {
+    crate::controller::metrics::SetLabels {
         namespace: set.namespace().unwrap_or_default(),
         shard_set: set.name_any(),
     }
@@ -540,12 +529,12 @@ async fn write_status(
 fn record_lanes(set: &ShardSet, all_lanes: &[DedicatedLane], ctx: &Context) {
     let ns = set.namespace().unwrap_or_default();
     let name = set.name_any();
-    let views: Vec<crate::telemetry::LaneView> = all_lanes
+    let views: Vec<crate::controller::metrics::LaneView> = all_lanes
         .iter()
         .filter(|l| l.spec.shard_set == name)
         .map(|l| {
             let status = l.status.clone().unwrap_or_default();
-            crate::telemetry::LaneView {
+            crate::controller::metrics::LaneView {
                 name: l.name_any(),
                 tenant: l.spec.tenant.clone(),
                 phase: format!("{:?}", status.phase),

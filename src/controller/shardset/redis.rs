@@ -208,7 +208,7 @@ pub(super) async fn sync_redis(
         let depth: u64 = stats.iter().map(|t| t.depth).sum();
         ctx.metrics
             .queue_depth
-            .get_or_create(&crate::telemetry::QueueDepthLabels {
+            .get_or_create(&crate::controller::metrics::QueueDepthLabels {
                 namespace: set.namespace().unwrap_or_default(),
                 shard_set: set.name_any(),
                 queue: q.to_string(),
@@ -220,7 +220,7 @@ pub(super) async fn sync_redis(
     // own reconciler configures them); none for a lane never used.
     for i in 0..crate::routing::MAX_LANES {
         let q = QueueId::Lane(i);
-        let labels = crate::telemetry::QueueDepthLabels {
+        let labels = crate::controller::metrics::QueueDepthLabels {
             namespace: set.namespace().unwrap_or_default(),
             shard_set: set.name_any(),
             queue: q.to_string(),
