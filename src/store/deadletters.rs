@@ -2,7 +2,7 @@
 //! and replaying them.
 
 use super::library::Func;
-use super::reply::{array, int, string, tag, unexpected};
+use super::reply::replay_dead_reply;
 use super::{keys, DeadLetter, DeadLetterPage, ReplayPage, Result, Store, StoreError};
 use crate::routing::QueueId;
 
@@ -107,27 +107,7 @@ impl Store {
         check_stream_cursor(cursor)?;
         let mut args: Vec<&[u8]> = vec![tenant.as_bytes(), cursor.as_bytes(), page.as_bytes()];
         args.extend(ids.iter().map(|id| id.as_bytes()));
-        let items = array("replay_dead", self.run(Func::ReplayDead, q, &args).await?)?;
-        match (tag(&items).as_deref(), items.as_slice()) {
-            (Some("OK"), [_, n, next, examined]) => {
-                let next = string(next);
-                Ok(Ok(ReplayPage {
-                    replayed: int(n),
-                    examined: int(examined),
-                    next: (!next.is_empty()).then_some(next),
-                }))
-            }
-            (Some("MOVED"), [_, to]) => {
-                string(to)
-                    .parse()
-                    .map(Err)
-                    .map_err(|e| StoreError::Protocol {
-                        script: "replay_dead",
-                        detail: format!("MOVED to {e}"),
-                    })
-            }
-            _ => Err(unexpected("replay_dead", &items)),
-        }
+        replay_dead_reply(self.run(Func::ReplayDead, q, &args).await?)
     }
 
     /// Replay all of `tenant`'s dead letters in `q` (or those with the given

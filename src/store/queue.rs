@@ -7,10 +7,12 @@ use redis::Value;
 
 use super::conn::{cluster_builder, PubSubSource};
 use super::library::{function_missing, load_library, Func, SLOT_GUARD};
-use super::reply::{array, int, parse_enqueue, parse_lease, string, tag, unexpected};
+use super::reply::{
+    ack_lease_reply, ack_reply, enqueue_reply, lease_reply, maintain_reply, nack_reply,
+    release_reply,
+};
 use super::{
-    Acked, BreakerChange, EnqueueOutcome, Failure, Lease, LeaseOutcome, NackOutcome, Result, Store,
-    StoreError,
+    Acked, EnqueueOutcome, Failure, Lease, LeaseOutcome, NackOutcome, Result, Store, StoreError,
 };
 use crate::envelope::Envelope;
 use crate::routing::QueueId;
@@ -113,11 +115,9 @@ impl Store {
                 ],
             )
             .await?;
-        let items = array("enqueue", v)?;
-        match items.as_slice() {
-            [tag, value] => parse_enqueue(tag, value),
-            _ => Err(unexpected("enqueue", &items)),
-        }
+        enqueue_reply(v, 1)?
+            .pop()
+            .expect("a reply of one pair has one outcome")
     }
 
     /// Enqueue many envelopes into `q`: up to [`ENQUEUE_CHUNK`] per script
@@ -203,12 +203,8 @@ impl Store {
                 Err(e) => return Err(e.into()),
             };
             for (chunk, reply) in valid.chunks(ENQUEUE_CHUNK).zip(replies) {
-                let items = array("enqueue", reply)?;
-                if items.len() != 2 * chunk.len() {
-                    return Err(unexpected("enqueue", &items));
-                }
-                for ((i, _), pair) in chunk.iter().zip(items.chunks(2)) {
-                    results[*i] = Some(parse_enqueue(&pair[0], &pair[1]));
+                for ((i, _), outcome) in chunk.iter().zip(enqueue_reply(reply, chunk.len())?) {
+                    results[*i] = Some(outcome);
                 }
             }
         }
@@ -235,7 +231,7 @@ impl Store {
                 &[ms.as_bytes(), token.as_bytes(), budget.as_bytes()],
             )
             .await?;
-        parse_lease(q, &array("lease", v)?)
+        lease_reply(q, v)
     }
 
     /// Acknowledge `done` and lease the next envelope of the same queue in
@@ -266,17 +262,7 @@ impl Store {
                 ],
             )
             .await?;
-        let items = array("ack_lease", v)?;
-        match items.as_slice() {
-            [acked, change, lease @ ..] => Ok((
-                Acked {
-                    acked: string(acked) == "OK",
-                    breaker: BreakerChange::parse(Some(change)),
-                },
-                parse_lease(done.queue, lease)?,
-            )),
-            _ => Err(unexpected("ack_lease", &items)),
-        }
+        ack_lease_reply(done.queue, v)
     }
 
     /// Acknowledge a delivery that took `elapsed`. Idempotent: a second ack,
@@ -290,8 +276,7 @@ impl Store {
                 &[lease.id.as_bytes(), lease.token.as_bytes(), us.as_bytes()],
             )
             .await?;
-        let items = array("ack", v)?;
-        Ok(tag(&items).as_deref() == Some("OK"))
+        ack_reply(v)
     }
 
     /// Report a failed delivery. With `retry_in`, the envelope waits in the
@@ -321,20 +306,7 @@ impl Store {
                 ],
             )
             .await?;
-        let items = array("nack", v)?;
-        match tag(&items).as_deref() {
-            Some("RETRY") => Ok(NackOutcome::Retry {
-                attempts: items.get(1).map(int).unwrap_or(0) as u32,
-                due_ms: items.get(2).map(int).unwrap_or(0),
-                breaker: BreakerChange::parse(items.get(3)),
-            }),
-            Some("DEAD") => Ok(NackOutcome::Dead {
-                attempts: items.get(1).map(int).unwrap_or(0) as u32,
-                breaker: BreakerChange::parse(items.get(3)),
-            }),
-            Some("STALE") => Ok(NackOutcome::Stale),
-            _ => Err(unexpected("nack", &items)),
-        }
+        nack_reply(v)
     }
 
     /// Give a leased envelope back undelivered (a worker shutting down): it
@@ -348,7 +320,7 @@ impl Store {
                 &[lease.id.as_bytes(), lease.token.as_bytes()],
             )
             .await?;
-        Ok(string(&v) == "OK")
+        Ok(release_reply(&v))
     }
 
     /// Promote due retries and reap expired leases, up to `limit` of each.
@@ -358,11 +330,7 @@ impl Store {
         let v = self
             .run(Func::Maintain, q, &[limit.to_string().as_bytes()])
             .await?;
-        let items = array("maintain", v)?;
-        Ok((
-            items.first().map(int).unwrap_or(0),
-            items.get(1).map(int).unwrap_or(0),
-        ))
+        maintain_reply(v)
     }
 
     /// A stream that yields whenever a tenant becomes active in `q` (new

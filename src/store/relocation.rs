@@ -4,7 +4,11 @@
 //! one set take turns (gate.lua).
 
 use super::library::Func;
-use super::reply::{array, bytes, int, string, tag, unexpected};
+use super::reply::{
+    claims_delta_reply, claims_periods_reply, claims_scan_reply, export_hold_reply,
+    gate_lane_begin_reply, gate_reshard_begin_reply, import_reply, mark_moved_reply, resume_reply,
+    status_reply, MarkMovedReply,
+};
 use super::{Result, Store, TenantQueueState};
 use crate::routing::QueueId;
 
@@ -24,24 +28,7 @@ impl Store {
     /// The tenant's state in `q`: is it drained, paused, moved?
     pub async fn tenant_state(&self, q: QueueId, tenant: &str) -> Result<TenantQueueState> {
         let v = self.run(Func::Status, q, &[tenant.as_bytes()]).await?;
-        let items = array("status", v)?;
-        if items.len() != 7 {
-            return Err(unexpected("status", &items));
-        }
-        let moved = string(&items[5]);
-        Ok(TenantQueueState {
-            queued: int(&items[0]),
-            in_flight: int(&items[1]),
-            delayed: int(&items[2]),
-            held: int(&items[3]),
-            paused: int(&items[4]) == 1,
-            moved_to: if moved.is_empty() {
-                None
-            } else {
-                moved.parse().ok()
-            },
-            depth: int(&items[6]),
-        })
+        status_reply(v)
     }
 
     /// Mark `tenant` as moved from `q` to `target`: enqueues into `q` answer
@@ -68,11 +55,10 @@ impl Store {
         let periods = self
             .run_owned(Func::Claims, q, claims("begin", vec![]))
             .await?;
-        for period in array("claims", periods)?.iter().map(int) {
+        for period in claims_periods_reply(periods)? {
             let mut cursor = "0".to_string();
             loop {
-                let page = array(
-                    "claims",
+                let (next, ids) = claims_scan_reply(
                     self.run_owned(
                         Func::Claims,
                         q,
@@ -87,16 +73,12 @@ impl Store {
                     )
                     .await?,
                 )?;
-                let Some((next, ids)) = page.split_first() else {
-                    return Err(unexpected("claims", &page));
-                };
                 // SSCAN's count is a hint: a step may return more
                 for chunk in ids.chunks(CLAIMS_CHUNK) {
-                    let chunk: Vec<Vec<u8>> = chunk.iter().map(bytes).collect();
-                    self.run_owned(Func::Claims, target, claims("import", chunk))
+                    self.run_owned(Func::Claims, target, claims("import", chunk.to_vec()))
                         .await?;
                 }
-                cursor = string(next);
+                cursor = next;
                 if cursor == "0" {
                     break;
                 }
@@ -110,13 +92,11 @@ impl Store {
                     &[tenant.as_bytes(), target.to_string().as_bytes()],
                 )
                 .await?;
-            let items = array("mark_moved", v)?;
-            match tag(&items).as_deref() {
-                Some("OK") => return Ok(true),
-                Some("BUSY") => return Ok(false),
-                Some("CLAIMS") => {
-                    let delta = array(
-                        "claims",
+            match mark_moved_reply(v)? {
+                MarkMovedReply::Marked => return Ok(true),
+                MarkMovedReply::Busy => return Ok(false),
+                MarkMovedReply::Claims => {
+                    let ids = claims_delta_reply(
                         self.run_owned(
                             Func::Claims,
                             q,
@@ -124,14 +104,12 @@ impl Store {
                         )
                         .await?,
                     )?;
-                    let ids: Vec<Vec<u8>> = delta.iter().map(bytes).collect();
                     if !ids.is_empty() {
                         self.run_owned(Func::Claims, target, claims("import", ids.clone()))
                             .await?;
                         self.run_owned(Func::Claims, q, claims("done", ids)).await?;
                     }
                 }
-                _ => return Err(unexpected("mark_moved", &items)),
             }
         }
     }
@@ -149,12 +127,10 @@ impl Store {
                     &[tenant.as_bytes(), MOVE_CHUNK.to_string().as_bytes()],
                 )
                 .await?;
-            let items = array("resume", v)?;
-            total += items.get(1).map(int).unwrap_or(0);
-            match tag(&items).as_deref() {
-                Some("DONE") => return Ok(total),
-                Some("MORE") => continue,
-                _ => return Err(unexpected("resume", &items)),
+            let (done, moved) = resume_reply(v)?;
+            total += moved;
+            if done {
+                return Ok(total);
             }
         }
     }
@@ -174,22 +150,20 @@ impl Store {
                     &[tenant.as_bytes(), MOVE_CHUNK.to_string().as_bytes()],
                 )
                 .await?;
-            let items = array("export_hold", v)?;
-            if items.is_empty() {
+            let rows = export_hold_reply(v)?;
+            if rows.is_empty() {
                 return Ok(appended);
             }
             let mut import: Vec<Vec<u8>> =
                 vec![tenant.as_bytes().to_vec(), from.to_string().into_bytes()];
             let mut ids: Vec<Vec<u8>> = vec![tenant.as_bytes().to_vec()];
-            for chunk in items.chunks(6) {
-                for v in chunk {
-                    import.push(bytes(v));
-                }
-                ids.push(bytes(&chunk[0]));
+            for row in rows {
+                ids.push(row[0].clone());
+                import.extend(row);
             }
             let import_refs: Vec<&[u8]> = import.iter().map(|v| v.as_slice()).collect();
             let v = self.run(Func::Import, to, &import_refs).await?;
-            appended += int(&v);
+            appended += import_reply(&v);
             let id_refs: Vec<&[u8]> = ids.iter().map(|v| v.as_slice()).collect();
             self.run(Func::TrimHold, from, &id_refs).await?;
         }
@@ -207,7 +181,7 @@ impl Store {
                 &[b"lane_begin", i.as_bytes(), lane.as_bytes()],
             )
             .await?;
-        Ok(string(&v) == "OK")
+        Ok(gate_lane_begin_reply(&v))
     }
 
     /// The lane's move is over (Active, Retired, or given up).
@@ -232,15 +206,7 @@ impl Store {
     ) -> Result<std::result::Result<(), Vec<String>>> {
         let mut args: Vec<&[u8]> = vec![b"reshard_begin"];
         args.extend(lanes.iter().map(|l| l.as_bytes()));
-        let items = array(
-            "gate",
-            self.call(Func::Gate, &self.routing_key(), &args).await?,
-        )?;
-        match tag(&items).as_deref() {
-            Some("OK") => Ok(Ok(())),
-            Some("WAIT") => Ok(Err(items[1..].iter().map(string).collect())),
-            _ => Err(unexpected("gate", &items)),
-        }
+        gate_reshard_begin_reply(self.call(Func::Gate, &self.routing_key(), &args).await?)
     }
 
     /// The reshard is over: lane moves may start again.

@@ -319,6 +319,212 @@ pub(super) fn parse_enqueue(tag: &Value, value: &Value) -> Result<EnqueueOutcome
     }
 }
 
+// ---- one decoder per script reply ------------------------------------
+
+/// enqueue.lua: a `{tag, value}` pair per envelope, `n` envelopes. A reply
+/// of another length is an error of the whole call; a pair that does not
+/// decode is an error of its envelope.
+pub(super) fn enqueue_reply(v: Value, n: usize) -> Result<Vec<Result<EnqueueOutcome>>> {
+    let items = array("enqueue", v)?;
+    if items.len() != 2 * n {
+        return Err(unexpected("enqueue", &items));
+    }
+    Ok(items
+        .chunks(2)
+        .map(|pair| parse_enqueue(&pair[0], &pair[1]))
+        .collect())
+}
+
+/// lease.lua (see [`parse_lease`]).
+pub(super) fn lease_reply(q: QueueId, v: Value) -> Result<LeaseOutcome> {
+    parse_lease(q, &array("lease", v)?)
+}
+
+/// ack_lease.lua: the ack's status and breaker change, then a lease reply.
+pub(super) fn ack_lease_reply(q: QueueId, v: Value) -> Result<(Acked, LeaseOutcome)> {
+    let items = array("ack_lease", v)?;
+    match items.as_slice() {
+        [acked, change, lease @ ..] => Ok((
+            Acked {
+                acked: string(acked) == "OK",
+                breaker: BreakerChange::parse(Some(change)),
+            },
+            parse_lease(q, lease)?,
+        )),
+        _ => Err(unexpected("ack_lease", &items)),
+    }
+}
+
+/// ack.lua: `{'OK' | 'STALE', breaker change}`; true when acked.
+pub(super) fn ack_reply(v: Value) -> Result<bool> {
+    let items = array("ack", v)?;
+    Ok(tag(&items).as_deref() == Some("OK"))
+}
+
+/// nack.lua: `{'RETRY', attempts, due_ms, change} | {'DEAD', attempts, 0, change} | {'STALE'}`.
+pub(super) fn nack_reply(v: Value) -> Result<NackOutcome> {
+    let items = array("nack", v)?;
+    match tag(&items).as_deref() {
+        Some("RETRY") => Ok(NackOutcome::Retry {
+            attempts: items.get(1).map(int).unwrap_or(0) as u32,
+            due_ms: items.get(2).map(int).unwrap_or(0),
+            breaker: BreakerChange::parse(items.get(3)),
+        }),
+        Some("DEAD") => Ok(NackOutcome::Dead {
+            attempts: items.get(1).map(int).unwrap_or(0) as u32,
+            breaker: BreakerChange::parse(items.get(3)),
+        }),
+        Some("STALE") => Ok(NackOutcome::Stale),
+        _ => Err(unexpected("nack", &items)),
+    }
+}
+
+/// release.lua: `'OK'` (given back) or `'STALE'`.
+pub(super) fn release_reply(v: &Value) -> bool {
+    string(v) == "OK"
+}
+
+/// maintain.lua: `{promoted, reaped}`.
+pub(super) fn maintain_reply(v: Value) -> Result<(u64, u64)> {
+    let items = array("maintain", v)?;
+    Ok((
+        items.first().map(int).unwrap_or(0),
+        items.get(1).map(int).unwrap_or(0),
+    ))
+}
+
+/// status.lua: `{queued, in_flight, delayed, held, paused, moved_to, depth}`.
+pub(super) fn status_reply(v: Value) -> Result<TenantQueueState> {
+    let items = array("status", v)?;
+    if items.len() != 7 {
+        return Err(unexpected("status", &items));
+    }
+    let moved = string(&items[5]);
+    Ok(TenantQueueState {
+        queued: int(&items[0]),
+        in_flight: int(&items[1]),
+        delayed: int(&items[2]),
+        held: int(&items[3]),
+        paused: int(&items[4]) == 1,
+        moved_to: if moved.is_empty() {
+            None
+        } else {
+            moved.parse().ok()
+        },
+        depth: int(&items[6]),
+    })
+}
+
+/// claims.lua `begin`: the periods the tenant has claims in.
+pub(super) fn claims_periods_reply(v: Value) -> Result<Vec<u64>> {
+    Ok(array("claims", v)?.iter().map(int).collect())
+}
+
+/// claims.lua `scan`: the next SSCAN cursor (`"0"`: done) and the ids of this step.
+pub(super) fn claims_scan_reply(v: Value) -> Result<(String, Vec<Vec<u8>>)> {
+    let page = array("claims", v)?;
+    let Some((next, ids)) = page.split_first() else {
+        return Err(unexpected("claims", &page));
+    };
+    Ok((string(next), ids.iter().map(bytes).collect()))
+}
+
+/// claims.lua `delta`: ids claimed since the copy began and not yet copied.
+pub(super) fn claims_delta_reply(v: Value) -> Result<Vec<Vec<u8>>> {
+    Ok(array("claims", v)?.iter().map(bytes).collect())
+}
+
+/// What mark_moved.lua answered.
+pub(super) enum MarkMovedReply {
+    /// The tenant is marked as moved.
+    Marked,
+    /// Not paused and drained here: refused.
+    Busy,
+    /// Ids claimed since the claims copy began are still to be copied.
+    Claims,
+}
+
+/// mark_moved.lua: `{'OK'} | {'BUSY'} | {'CLAIMS'}`.
+pub(super) fn mark_moved_reply(v: Value) -> Result<MarkMovedReply> {
+    let items = array("mark_moved", v)?;
+    match tag(&items).as_deref() {
+        Some("OK") => Ok(MarkMovedReply::Marked),
+        Some("BUSY") => Ok(MarkMovedReply::Busy),
+        Some("CLAIMS") => Ok(MarkMovedReply::Claims),
+        _ => Err(unexpected("mark_moved", &items)),
+    }
+}
+
+/// resume.lua: `{'MORE', moved} | {'DONE', moved}`, as (done, moved).
+pub(super) fn resume_reply(v: Value) -> Result<(bool, u64)> {
+    let items = array("resume", v)?;
+    let moved = items.get(1).map(int).unwrap_or(0);
+    match tag(&items).as_deref() {
+        Some("DONE") => Ok((true, moved)),
+        Some("MORE") => Ok((false, moved)),
+        _ => Err(unexpected("resume", &items)),
+    }
+}
+
+/// export_hold.lua: the held envelopes, each as its six fields (id, seq,
+/// attempts, payload, enqueued_ms, endpoint) as import.lua takes them.
+pub(super) fn export_hold_reply(v: Value) -> Result<Vec<Vec<Vec<u8>>>> {
+    let items = array("export_hold", v)?;
+    Ok(items
+        .chunks(6)
+        .map(|chunk| chunk.iter().map(bytes).collect())
+        .collect())
+}
+
+/// import.lua: the count appended.
+pub(super) fn import_reply(v: &Value) -> u64 {
+    int(v)
+}
+
+/// replay_dead.lua: `{'OK', replayed, next cursor, examined} | {'MOVED', queue}`.
+pub(super) fn replay_dead_reply(v: Value) -> Result<std::result::Result<ReplayPage, QueueId>> {
+    let items = array("replay_dead", v)?;
+    match (tag(&items).as_deref(), items.as_slice()) {
+        (Some("OK"), [_, n, next, examined]) => {
+            let next = string(next);
+            Ok(Ok(ReplayPage {
+                replayed: int(n),
+                examined: int(examined),
+                next: (!next.is_empty()).then_some(next),
+            }))
+        }
+        (Some("MOVED"), [_, to]) => string(to)
+            .parse()
+            .map(Err)
+            .map_err(|e| StoreError::Protocol {
+                script: "replay_dead",
+                detail: format!("MOVED to {e}"),
+            }),
+        _ => Err(unexpected("replay_dead", &items)),
+    }
+}
+
+/// routing_update.lua: the table's version after the update.
+pub(super) fn routing_update_reply(v: &Value) -> u64 {
+    int(v)
+}
+
+/// gate.lua `lane_begin`: `'OK'` (the lane may move) or `'WAIT'`.
+pub(super) fn gate_lane_begin_reply(v: &Value) -> bool {
+    string(v) == "OK"
+}
+
+/// gate.lua `reshard_begin`: `{'OK'}`, or `{'WAIT', lane...}` naming the
+/// lanes still moving.
+pub(super) fn gate_reshard_begin_reply(v: Value) -> Result<std::result::Result<(), Vec<String>>> {
+    let items = array("gate", v)?;
+    match tag(&items).as_deref() {
+        Some("OK") => Ok(Ok(())),
+        Some("WAIT") => Ok(Err(items[1..].iter().map(string).collect())),
+        _ => Err(unexpected("gate", &items)),
+    }
+}
+
 pub(super) fn unexpected(script: &'static str, items: &[Value]) -> StoreError {
     StoreError::Protocol {
         script,
@@ -368,5 +574,116 @@ pub(super) fn int(v: &Value) -> u64 {
             .and_then(|s| s.parse().ok())
             .unwrap_or(0),
         _ => 0,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn bulk(s: &str) -> Value {
+        Value::BulkString(s.as_bytes().to_vec())
+    }
+
+    #[test]
+    fn an_enqueue_reply_of_the_wrong_length_fails_the_call_and_a_bad_pair_its_envelope() {
+        let v = Value::Array(vec![bulk("OK"), Value::Int(7), bulk("NOPE"), Value::Int(0)]);
+        let out = enqueue_reply(v, 2).unwrap();
+        assert_eq!(out[0].as_ref().unwrap(), &EnqueueOutcome::Queued { seq: 7 });
+        assert!(matches!(
+            out[1],
+            Err(StoreError::Protocol {
+                script: "enqueue",
+                ..
+            })
+        ));
+        let short = Value::Array(vec![bulk("OK"), Value::Int(7)]);
+        assert!(matches!(
+            enqueue_reply(short, 2),
+            Err(StoreError::Protocol {
+                script: "enqueue",
+                ..
+            })
+        ));
+    }
+
+    #[test]
+    fn a_nack_reply_carries_attempts_due_time_and_breaker_change() {
+        let v = Value::Array(vec![
+            bulk("RETRY"),
+            Value::Int(3),
+            bulk("1234"),
+            bulk("open"),
+        ]);
+        assert_eq!(
+            nack_reply(v).unwrap(),
+            NackOutcome::Retry {
+                attempts: 3,
+                due_ms: 1234,
+                breaker: Some(BreakerChange::Opened)
+            }
+        );
+        let dead = Value::Array(vec![bulk("DEAD"), Value::Int(5), Value::Int(0), bulk("")]);
+        assert_eq!(
+            nack_reply(dead).unwrap(),
+            NackOutcome::Dead {
+                attempts: 5,
+                breaker: None
+            }
+        );
+        assert!(nack_reply(Value::Array(vec![bulk("?")])).is_err());
+    }
+
+    #[test]
+    fn a_status_reply_has_seven_fields() {
+        let mut fields = vec![1, 2, 3, 4, 1]
+            .into_iter()
+            .map(Value::Int)
+            .collect::<Vec<_>>();
+        fields.push(bulk(""));
+        fields.push(Value::Int(10));
+        let state = status_reply(Value::Array(fields.clone())).unwrap();
+        assert_eq!(
+            state,
+            TenantQueueState {
+                queued: 1,
+                in_flight: 2,
+                delayed: 3,
+                held: 4,
+                paused: true,
+                moved_to: None,
+                depth: 10
+            }
+        );
+        fields.pop();
+        assert!(status_reply(Value::Array(fields)).is_err());
+    }
+
+    #[test]
+    fn a_gate_that_makes_a_reshard_wait_names_the_moving_lanes() {
+        let wait = Value::Array(vec![bulk("WAIT"), bulk("lane-a"), bulk("lane-b")]);
+        assert_eq!(
+            gate_reshard_begin_reply(wait).unwrap(),
+            Err(vec!["lane-a".to_string(), "lane-b".to_string()])
+        );
+        assert_eq!(
+            gate_reshard_begin_reply(Value::Array(vec![bulk("OK")])).unwrap(),
+            Ok(())
+        );
+        assert!(gate_reshard_begin_reply(Value::Array(vec![])).is_err());
+    }
+
+    #[test]
+    fn export_hold_rows_are_six_fields_each() {
+        let v = Value::Array(
+            ["a", "1", "0", "{}", "5", "", "b", "2", "1", "{}", "6", "ep"]
+                .iter()
+                .map(|s| bulk(s))
+                .collect(),
+        );
+        let rows = export_hold_reply(v).unwrap();
+        assert_eq!(rows.len(), 2);
+        assert_eq!(rows[1][0], b"b".to_vec());
+        assert_eq!(rows[1][5], b"ep".to_vec());
     }
 }

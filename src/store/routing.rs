@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use super::library::{function_missing, load_library, Func};
-use super::reply::int;
+use super::reply::routing_update_reply;
 use super::{Result, Store, StoreError};
 use crate::routing::{QueueId, RoutingTable};
 
@@ -55,7 +55,7 @@ impl Store {
                 &[op.as_bytes(), a.as_bytes(), b.as_bytes()],
             )
             .await?;
-        Ok(int(&v))
+        Ok(routing_update_reply(&v))
     }
 
     /// Mark this Redis's state with `epoch` unless it is marked already;
