@@ -9,7 +9,7 @@ use redis::Value;
 
 use super::conn::Conn;
 use super::reply::{array, int, string};
-use super::{Result, Store, StoreError};
+use super::{keys, Result, Store, StoreError};
 use crate::routing::QueueId;
 
 impl Store {
@@ -29,7 +29,7 @@ impl Store {
     pub async fn set_virtual_clock(&self, q: QueueId, ms: u64) -> Result<()> {
         let mut conn = self.conn.clone();
         redis::cmd("HSET")
-            .arg(format!("{}:conf", self.queue_prefix(q)))
+            .arg(keys::conf(&self.queue_prefix(q)))
             .arg("clock")
             .arg(ms)
             .query_async::<()>(&mut conn)
@@ -41,7 +41,7 @@ impl Store {
     pub async fn clear_virtual_clock(&self, q: QueueId) -> Result<()> {
         let mut conn = self.conn.clone();
         redis::cmd("HDEL")
-            .arg(format!("{}:conf", self.queue_prefix(q)))
+            .arg(keys::conf(&self.queue_prefix(q)))
             .arg("clock")
             .query_async::<()>(&mut conn)
             .await?;
@@ -54,8 +54,8 @@ impl Store {
         let mut removed = 0u64;
         // `lk:{ns/name/<queue>}...` and `lk:{ns/name}:...`
         for pattern in [
-            format!("lk:{{{}/{}/*", self.set.namespace, self.set.name),
-            format!("lk:{{{}/{}}}*", self.set.namespace, self.set.name),
+            keys::set_queues_pattern(&self.set),
+            keys::set_keys_pattern(&self.set),
         ] {
             for node in self.scan_targets().await? {
                 let mut cursor = 0u64;

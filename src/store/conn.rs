@@ -9,9 +9,9 @@ use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::cluster_async::ClusterConnection;
 use redis::Value;
 
-use super::library::{function_missing, load_library, Func, CLUSTER_LIBRARY, LIBRARY, SLOT_GUARD};
+use super::library::{function_missing, load_library, Func, CLUSTER_LIBRARY, LIBRARY};
 use super::url::{cluster_nodes, is_tls_url, redact};
-use super::{durable, Result, SetId, Store, StoreError};
+use super::{durable, keys, Result, SetId, Store, StoreError};
 use crate::routing::QueueId;
 
 /// A connection to one Redis server, or to a Redis Cluster through the
@@ -246,11 +246,11 @@ impl Store {
 
     /// The key prefix of a queue; its `{...}` is the queue's hash tag.
     pub fn queue_prefix(&self, q: QueueId) -> String {
-        format!("lk:{{{}/{}/{q}}}", self.set.namespace, self.set.name)
+        keys::queue_prefix(&self.set, q)
     }
 
     pub(super) fn routing_key(&self) -> String {
-        format!("lk:{{{}/{}}}:routing", self.set.namespace, self.set.name)
+        keys::routing(&self.set)
     }
 
     /// Call one function of the library on queue `q`.
@@ -267,7 +267,7 @@ impl Store {
         let mut cmd = redis::cmd("FCALL");
         cmd.arg(f.name(self.lib));
         if f.per_queue() {
-            cmd.arg(2).arg(key).arg(format!("{key}{SLOT_GUARD}"));
+            cmd.arg(2).arg(key).arg(keys::slot_guard(key));
         } else {
             cmd.arg(1).arg(key);
         }

@@ -3,15 +3,12 @@
 
 use std::collections::BTreeMap;
 
-use super::{Result, Store, StoreError};
+use super::{keys, Result, Store, StoreError};
 use crate::endpoint::Endpoint;
 
 impl Store {
     fn endpoints_key(&self, tenant: &str) -> String {
-        format!(
-            "lk:{{{}/{}}}:endpoints:{tenant}",
-            self.set.namespace, self.set.name
-        )
+        keys::endpoints(&self.set, tenant)
     }
 
     /// Create or replace a tenant's endpoint.

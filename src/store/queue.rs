@@ -6,7 +6,8 @@ use std::time::Duration;
 use redis::Value;
 
 use super::conn::{cluster_builder, PubSubSource};
-use super::library::{function_missing, load_library, Func, SLOT_GUARD};
+use super::keys;
+use super::library::{function_missing, load_library, Func};
 use super::reply::{
     ack_lease_reply, ack_reply, enqueue_reply, lease_reply, maintain_reply, nack_reply,
     release_reply,
@@ -65,11 +66,11 @@ impl Store {
             .join(" ");
         let mut pipe = redis::pipe();
         pipe.atomic()
-            .hset_multiple(format!("{p}:conf"), &fields)
+            .hset_multiple(keys::conf(&p), &fields)
             .ignore()
-            .hset(format!("{p}:conf"), "policy", packed)
+            .hset(keys::conf(&p), "policy", packed)
             .ignore()
-            .del(format!("{p}:weights"))
+            .del(keys::weights(&p))
             .ignore();
         if !policy.weights.is_empty() {
             let weights: Vec<(String, String)> = policy
@@ -77,8 +78,7 @@ impl Store {
                 .iter()
                 .map(|(t, w)| (t.clone(), w.to_string()))
                 .collect();
-            pipe.hset_multiple(format!("{p}:weights"), &weights)
-                .ignore();
+            pipe.hset_multiple(keys::weights(&p), &weights).ignore();
         }
         let mut conn = self.conn.clone();
         pipe.query_async::<()>(&mut conn).await?;
@@ -155,7 +155,7 @@ impl Store {
         routed: u64,
     ) -> Result<Vec<Result<EnqueueOutcome>>> {
         let prefix = self.queue_prefix(q);
-        let guard = format!("{prefix}{SLOT_GUARD}");
+        let guard = keys::slot_guard(&prefix);
         let function = Func::Enqueue.name(self.lib);
         let mut results: Vec<Option<Result<EnqueueOutcome>>> = Vec::with_capacity(envs.len());
         let mut valid: Vec<(usize, Vec<u8>)> = Vec::with_capacity(envs.len());
@@ -342,7 +342,7 @@ impl Store {
         q: QueueId,
     ) -> Result<impl futures::Stream<Item = ()> + Send + use<>> {
         use futures::StreamExt;
-        let channel = format!("{}:wake", self.queue_prefix(q));
+        let channel = keys::wake(&self.queue_prefix(q));
         match &self.pubsub {
             PubSubSource::Single(client) => {
                 let mut pubsub = client.get_async_pubsub().await?;

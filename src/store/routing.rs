@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use super::library::{function_missing, load_library, Func};
 use super::reply::routing_update_reply;
-use super::{Result, Store, StoreError};
+use super::{keys, Result, Store, StoreError};
 use crate::routing::{QueueId, RoutingTable};
 
 impl Store {
@@ -125,7 +125,7 @@ impl Store {
     /// so no producer still hashing by the old count can enqueue anywhere.
     /// Never lowers an existing fence.
     pub async fn fence_routing(&self, q: QueueId, version: u64) -> Result<()> {
-        let key = format!("{}:conf", self.queue_prefix(q));
+        let key = keys::conf(&self.queue_prefix(q));
         let mut conn = self.conn.clone();
         let current: Option<u64> = redis::cmd("HGET")
             .arg(&key)
@@ -176,14 +176,14 @@ impl Store {
         let p = self.queue_prefix(q);
         let mut conn = self.conn.clone();
         let tenants: Vec<String> = redis::cmd("SMEMBERS")
-            .arg(format!("{p}:tenants"))
+            .arg(keys::tenants(&p))
             .query_async(&mut conn)
             .await?;
         let mut out = Vec::with_capacity(tenants.len());
         for chunk in tenants.chunks(1000) {
             let mut pipe = redis::pipe();
             for t in chunk {
-                pipe.hget(format!("{p}:t:{t}"), "m");
+                pipe.hget(keys::tenant(&p, t), "m");
             }
             let moved: Vec<Option<String>> = pipe.query_async(&mut conn).await?;
             out.extend(

@@ -35,17 +35,17 @@ impl Store {
         let newest = now_ms / (WORKER_SECONDS_BUCKET * 1000);
         let buckets = window.as_secs().div_ceil(WORKER_SECONDS_BUCKET).max(1);
         let tenants: Vec<String> = redis::cmd("SMEMBERS")
-            .arg(format!("{p}:tenants"))
+            .arg(keys::tenants(&p))
             .query_async(&mut conn)
             .await?;
         let mut pipe = redis::pipe();
         for t in &tenants {
             pipe.cmd("HMGET")
-                .arg(format!("{p}:t:{t}"))
+                .arg(keys::tenant(&p, t))
                 .arg(&["n", "ok", "ko"]);
         }
         for b in 0..buckets {
-            pipe.hgetall(format!("{p}:wsu:{}", newest.saturating_sub(b)));
+            pipe.hgetall(keys::worker_seconds(&p, newest.saturating_sub(b)));
         }
         let replies: Vec<Value> = pipe.query_async(&mut conn).await?;
         let (counters, windows) = replies.split_at(tenants.len().min(replies.len()));
@@ -113,11 +113,11 @@ impl Store {
         let buckets = window.as_secs().div_ceil(WORKER_SECONDS_BUCKET).max(1);
         let mut pipe = redis::pipe();
         pipe.cmd("HMGET")
-            .arg(format!("{p}:t:{tenant}"))
+            .arg(keys::tenant(&p, tenant))
             .arg(&["ok", "ko", "e"]);
-        pipe.cmd("LINDEX").arg(format!("{p}:q:{tenant}")).arg(0);
+        pipe.cmd("LINDEX").arg(keys::lane(&p, tenant)).arg(0);
         for b in 0..buckets {
-            pipe.hgetall(format!("{p}:wsu:{}", newest.saturating_sub(b)));
+            pipe.hgetall(keys::worker_seconds(&p, newest.saturating_sub(b)));
         }
         let replies: Vec<Value> = pipe.query_async(&mut conn).await?;
         let bad = |detail: String| StoreError::Protocol {
