@@ -185,4 +185,108 @@ mod tests {
         assert!(!CLUSTER_LIBRARY.code.contains("redis.call('PUBLISH',"));
         assert_ne!(LIBRARY.name, CLUSTER_LIBRARY.name);
     }
+
+    /// The `local function` names a helper file defines, in order.
+    fn helpers_of(src: &str) -> Vec<&str> {
+        src.lines()
+            .filter_map(|l| l.strip_prefix("local function "))
+            .filter_map(|r| r.split(|c: char| !(c.is_alphanumeric() || c == '_')).next())
+            .collect()
+    }
+
+    /// A script's code without its comments (string literals kept).
+    fn code(src: &str) -> String {
+        let mut out = String::new();
+        for line in src.lines() {
+            let mut quote: Option<char> = None;
+            let mut chars = line.chars().peekable();
+            while let Some(c) = chars.next() {
+                match quote {
+                    Some(_) if c == '\\' => {
+                        out.push(c);
+                        if let Some(n) = chars.next() {
+                            out.push(n);
+                        }
+                    }
+                    Some(q) => {
+                        if c == q {
+                            quote = None;
+                        }
+                        out.push(c);
+                    }
+                    None => {
+                        if c == '-' && chars.peek() == Some(&'-') {
+                            break;
+                        }
+                        if c == '\'' || c == '"' {
+                            quote = Some(c);
+                        }
+                        out.push(c);
+                    }
+                }
+            }
+            out.push('\n');
+        }
+        out
+    }
+
+    /// Does `code` call `name` (`name(`, not `xname(`, `x.name(` or `x:name(`)?
+    fn calls(code: &str, name: &str) -> bool {
+        code.match_indices(name).any(|(i, _)| {
+            let before = code[..i].chars().next_back();
+            code[i + name.len()..].trim_start().starts_with('(')
+                && !before.is_some_and(|c| c.is_alphanumeric() || matches!(c, '_' | '.' | ':'))
+        })
+    }
+
+    /// The helpers a script's header lists after `-- Helpers (<file>): `
+    /// (continued on lines starting `--   `); `None` without such a line.
+    fn listed(src: &str, file: &str) -> Option<Vec<String>> {
+        let tag = format!("-- Helpers ({file}): ");
+        let mut text: Option<String> = None;
+        for l in src.lines().take_while(|l| l.starts_with("--")) {
+            if let Some(rest) = l.strip_prefix(&tag) {
+                text = Some(rest.to_string());
+            } else if let (Some(t), Some(rest)) = (text.as_mut(), l.strip_prefix("--   ")) {
+                t.push(' ');
+                t.push_str(rest);
+            } else if text.is_some() {
+                break;
+            }
+        }
+        let text = text?;
+        if text.trim() == "none" {
+            return Some(Vec::new());
+        }
+        Some(text.split(',').map(|n| n.trim().to_string()).collect())
+    }
+
+    #[test]
+    fn every_script_header_names_the_helpers_it_calls() {
+        let common = helpers_of(COMMON);
+        let deliver = helpers_of(DELIVER);
+        assert!(common.contains(&"tkey") && deliver.contains(&"lease_next"));
+        let mut scripts: Vec<(&str, &str)> = Func::ALL.iter().map(|f| f.source()).collect();
+        scripts.push(("deliver", DELIVER));
+        for (name, src) in scripts {
+            let body = code(src);
+            let called = |helpers: &[&str]| -> Vec<String> {
+                helpers
+                    .iter()
+                    .filter(|h| calls(&body, h))
+                    .map(|h| h.to_string())
+                    .collect()
+            };
+            let header = listed(src, "common.lua")
+                .unwrap_or_else(|| panic!("{name}.lua: no `-- Helpers (common.lua):` header"));
+            assert_eq!(header, called(&common), "{name}.lua: helpers of common.lua");
+            if name != "deliver" {
+                assert_eq!(
+                    listed(src, "deliver.lua").unwrap_or_default(),
+                    called(&deliver),
+                    "{name}.lua: helpers of deliver.lua"
+                );
+            }
+        }
+    }
 }

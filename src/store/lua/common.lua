@@ -66,7 +66,13 @@
 --
 -- This file, deliver.lua and every script body make one Redis Functions
 -- library (see `store::library`). Closures are created once, when the
--- library loads; each call only binds the queue below (`begin`).
+-- library loads; each call only binds the queue below (`begin`, which the
+-- library runs before every per-queue script).
+--
+-- Which helpers of this file (and of deliver.lua) a script calls is kept in
+-- the script's header, its first lines: `-- Helpers (common.lua): ...` and
+-- `-- Helpers (deliver.lua): ...`. A unit test in `store::library` checks
+-- every header against the calls in its script, so keep them true.
 
 -- The queue this call works on, and its policy: bound by `begin`.
 local P, RING, LEASES, DELAYED, BLOCKED
