@@ -7,6 +7,12 @@
 //! top of `lua/common.lua`. The routing table of a set lives under its own
 //! tag, `lk:{<namespace>/<set>}:routing`.
 //!
+//! One file per job: [`keys`] (the Rust names of keys), `library` (the
+//! scripts as one Functions library), `conn` (connections and calls), `url`,
+//! `reply` (reply types, one decoder per script reply), and the `impl Store`
+//! blocks by job: `queue`, `routing`, `relocation`, `stats`, `deadletters`,
+//! `endpoints`, `admin`, `durable`, `settings`.
+//!
 //! Steps that span two queues (moving a hold buffer) are sequences of
 //! single-queue scripts, each idempotent, so a mover that dies halfway can
 //! run the whole step again.

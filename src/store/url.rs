@@ -100,9 +100,7 @@ pub fn redact(url: &str) -> String {
 pub fn with_password(url: &str, password: &str) -> std::result::Result<String, String> {
     if let Some(nodes) = cluster_nodes(url) {
         nodes?;
-        let (scheme, rest) = url.split_once("://").expect("a cluster url has a scheme");
-        let end = rest.find(['/', '?']).unwrap_or(rest.len());
-        let (authority, tail) = rest.split_at(end);
+        let (scheme, authority, tail) = cluster_parts(url);
         let (user, hosts) = match authority.rsplit_once('@') {
             Some((u, h)) => (u.split_once(':').map_or(u, |(u, _)| u), h),
             None => ("", authority),
@@ -140,9 +138,7 @@ pub fn with_username(url: &str, username: &str) -> std::result::Result<String, S
     let encoded = encoder.username().to_string();
     if let Some(nodes) = cluster_nodes(url) {
         nodes?;
-        let (scheme, rest) = url.split_once("://").expect("a cluster url has a scheme");
-        let end = rest.find(['/', '?']).unwrap_or(rest.len());
-        let (authority, tail) = rest.split_at(end);
+        let (scheme, authority, tail) = cluster_parts(url);
         let (password, hosts) = match authority.rsplit_once('@') {
             Some((u, h)) => (u.split_once(':').map(|(_, p)| p), h),
             None => (None, authority),
@@ -157,6 +153,15 @@ pub fn with_username(url: &str, username: &str) -> std::result::Result<String, S
     u.set_username(username)
         .map_err(|_| format!("redis url {} cannot carry a user name", redact(url)))?;
     Ok(u.to_string())
+}
+
+/// A cluster URL's scheme, its authority (`[userinfo@]host:port,...`) and
+/// the rest (path and query).
+fn cluster_parts(url: &str) -> (&str, &str, &str) {
+    let (scheme, rest) = url.split_once("://").expect("a cluster url has a scheme");
+    let end = rest.find(['/', '?']).unwrap_or(rest.len());
+    let (authority, tail) = rest.split_at(end);
+    (scheme, authority, tail)
 }
 
 #[cfg(test)]

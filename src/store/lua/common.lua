@@ -59,7 +59,7 @@
 --   P:blocked         ZSET  tenant -> ms: tenants whose head envelope's breaker is open
 --   P:wake            CHANNEL published when a tenant becomes active (wakes idle workers);
 --                           on Redis Cluster the library is loaded with SPUBLISH here
---                           (sharded pub/sub, see `store::build_library`)
+--                           (sharded pub/sub, see `store::library::build_library`)
 --   P:~slotguard      never written: every call declares it as its second key, so a
 --                           call meets TRYAGAIN while the queue's slot is migrating
 --                           instead of running on half-moved keys (see `store`)
