@@ -14,7 +14,7 @@
 //! - `shards-fair`: hashed shards with the production scheduler (deficit
 //!   round robin in worker-seconds, per-tenant cap);
 //! - `fair+lanes`: the same, and tenants the production promotion rule
-//!   ([`crate::controller::promotion`]) finds hot get a dedicated lane.
+//!   ([`crate::policy::promotion`]) finds hot get a dedicated lane.
 //!
 //! The fair strategies run **the production Lua scripts against a real
 //! Redis**, with a virtual clock ([`crate::store::Store::set_virtual_clock`]):

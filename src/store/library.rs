@@ -178,6 +178,15 @@ mod tests {
     use super::*;
 
     #[test]
+    fn the_scripts_bucket_width_is_the_policys() {
+        let line = format!(
+            "local BUCKET_MS = {}\n",
+            crate::policy::attribution::BUCKET_SECONDS * 1000
+        );
+        assert!(include_str!("lua/common.lua").contains(&line), "{line}");
+    }
+
+    #[test]
     fn the_cluster_library_wakes_workers_by_sharded_publish() {
         assert!(LIBRARY.code.contains("redis.call('PUBLISH',"));
         assert!(!LIBRARY.code.contains("redis.call('SPUBLISH',"));

@@ -69,9 +69,6 @@ use conn::{cluster_builder, Conn, PubSubSource};
 use library::Library;
 use reply::{int, string};
 
-/// Bucket width of the worker-seconds window, in seconds (see `settle` in common.lua).
-pub const WORKER_SECONDS_BUCKET: u64 = 10;
-
 /// A ShardSet's identity in Redis: `<namespace>/<name>`.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct SetId {

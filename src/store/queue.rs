@@ -16,8 +16,8 @@ use super::{
     Acked, EnqueueOutcome, Failure, Lease, LeaseOutcome, NackOutcome, Result, Store, StoreError,
 };
 use crate::envelope::Envelope;
+use crate::policy::QueuePolicy;
 use crate::routing::QueueId;
-use crate::scheduler::QueuePolicy;
 
 /// Envelopes per enqueue script call in a batch.
 pub const ENQUEUE_CHUNK: usize = 200;

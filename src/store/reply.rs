@@ -267,17 +267,7 @@ pub struct ReplayPage {
     pub next: Option<String>,
 }
 
-/// Per-tenant attribution in one queue.
-#[derive(Clone, Debug, Default, PartialEq)]
-pub struct TenantStats {
-    pub tenant: String,
-    /// Outstanding: queued, held, waiting to retry or in flight.
-    pub depth: u64,
-    pub delivered: u64,
-    pub failed: u64,
-    /// Worker-seconds consumed over the window asked for.
-    pub worker_seconds: f64,
-}
+pub use crate::policy::TenantStats;
 
 pub(super) fn parse_lease(q: QueueId, items: &[Value]) -> Result<LeaseOutcome> {
     match tag(items).as_deref() {

@@ -6,7 +6,8 @@ use std::time::Duration;
 
 use redis::Value;
 
-use super::{keys, Result, Store, StoreError, TenantActivity, TenantStats, WORKER_SECONDS_BUCKET};
+use super::{keys, Result, Store, StoreError, TenantActivity, TenantStats};
+use crate::policy::attribution;
 use crate::routing::QueueId;
 
 impl Store {
@@ -32,8 +33,8 @@ impl Store {
     ) -> Result<Vec<TenantStats>> {
         let p = self.queue_prefix(q);
         let mut conn = self.conn.clone();
-        let newest = now_ms / (WORKER_SECONDS_BUCKET * 1000);
-        let buckets = window.as_secs().div_ceil(WORKER_SECONDS_BUCKET).max(1);
+        let newest = attribution::bucket_of(now_ms);
+        let buckets = attribution::buckets(window);
         let tenants: Vec<String> = redis::cmd("SMEMBERS")
             .arg(keys::tenants(&p))
             .query_async(&mut conn)
@@ -109,8 +110,8 @@ impl Store {
         let mut conn = self.conn.clone();
         let (s, us): (u64, u64) = redis::cmd("TIME").query_async(&mut conn).await?;
         let now_ms = s * 1000 + us / 1000;
-        let newest = now_ms / (WORKER_SECONDS_BUCKET * 1000);
-        let buckets = window.as_secs().div_ceil(WORKER_SECONDS_BUCKET).max(1);
+        let newest = attribution::bucket_of(now_ms);
+        let buckets = attribution::buckets(window);
         let mut pipe = redis::pipe();
         pipe.cmd("HMGET")
             .arg(keys::tenant(&p, tenant))

@@ -11,6 +11,7 @@ use kube::Client;
 use tower_test::mock::{self, Handle};
 
 use super::*;
+use crate::controller::build::BuildError;
 
 fn set(shards: i32) -> ShardSet {
     let mut s: ShardSet = serde_yaml::from_str(&format!(
