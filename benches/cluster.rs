@@ -135,7 +135,7 @@ fn census(cluster: &TestCluster, store: &Store) {
         let owner = primaries.iter().find(|p| p.owns(slot)).unwrap();
         *queues.entry(owner.port).or_default() += 1;
     }
-    let pattern = format!("lk:{{{}*", store.set());
+    let pattern = lanekeeper::store::keys::sets_pattern(&store.set().namespace, &store.set().name);
     for p in &primaries {
         let keys = cluster
             .cli(p.port, &["--scan", "--pattern", &pattern])

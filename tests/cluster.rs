@@ -51,12 +51,10 @@ fn key_slot(key: &str) -> u16 {
 #[test]
 fn key_slot_agrees_with_the_cluster() {
     let c = shared();
-    for key in [
-        "lk:{worker/w1/shard-00}",
-        "lk:{a/b}:routing",
-        "plain",
-        "{}x",
-    ] {
+    let queue =
+        lanekeeper::store::keys::queue_prefix(&SetId::new("worker", "w1"), QueueId::Shard(0));
+    let routing = lanekeeper::store::keys::routing(&SetId::new("a", "b"));
+    for key in [queue.as_str(), routing.as_str(), "plain", "{}x"] {
         assert_eq!(key_slot(key), c.keyslot(key), "{key}");
     }
 }
@@ -145,17 +143,32 @@ async fn queues_spread_over_every_primary_and_purge_reaches_them_all() {
             })
             .collect()
     };
-    let keys = per_node("lk:{spread/s64/*");
+    let keys = per_node(&lanekeeper::store::keys::set_queues_pattern(&SetId::new(
+        "spread", "s64",
+    )));
     eprintln!("keys of 64 queues per primary: {keys:?}");
     assert!(keys.values().all(|n| *n > 0), "{keys:?}");
     assert!(
-        key_slot(&s.queue_prefix(Q)) != key_slot("lk:{spread/s64}:routing"),
+        key_slot(&s.queue_prefix(Q))
+            != key_slot(&lanekeeper::store::keys::routing(&SetId::new(
+                "spread", "s64"
+            ))),
         "the routing table has its own slot"
     );
     let removed = s.purge_set().await.unwrap();
     assert!(removed >= 64 * 4, "removed {removed}");
-    assert_eq!(per_node("lk:{spread/s64*").values().sum::<usize>(), 0);
-    assert!(per_node("lk:{spread/other*").values().sum::<usize>() > 0);
+    assert_eq!(
+        per_node(&lanekeeper::store::keys::sets_pattern("spread", "s64"))
+            .values()
+            .sum::<usize>(),
+        0
+    );
+    assert!(
+        per_node(&lanekeeper::store::keys::sets_pattern("spread", "other"))
+            .values()
+            .sum::<usize>()
+            > 0
+    );
     other.purge_set().await.unwrap();
 }
 
@@ -418,7 +431,10 @@ async fn slot_migration_of_the_queue_loses_nothing() {
     let (name, slot, from, moved) = (0..)
         .find_map(|i| {
             let name = format!("r{i}");
-            let slot = key_slot(&format!("lk:{{worker/{name}/{Q}}}"));
+            let slot = key_slot(&lanekeeper::store::keys::queue_prefix(
+                &SetId::new("worker", &name),
+                Q,
+            ));
             let from = topology.iter().find(|n| n.primary && n.owns(slot))?;
             let first = from.slots.iter().map(|(a, _)| *a).min()?;
             let moved = from
@@ -495,9 +511,16 @@ fn simulate_runs_on_the_cluster_and_cleans_up() {
         .iter()
         .filter(|n| n.primary)
         .map(|n| {
-            c.cli(n.port, &["--scan", "--pattern", "lk:{simulate/*"])
-                .lines()
-                .count()
+            c.cli(
+                n.port,
+                &[
+                    "--scan",
+                    "--pattern",
+                    &lanekeeper::store::keys::sets_pattern("simulate", ""),
+                ],
+            )
+            .lines()
+            .count()
         })
         .sum();
     assert_eq!(left, 0, "simulate left keys behind");

@@ -367,7 +367,7 @@ async fn a_changed_policy_applies_at_the_next_call() {
 
     // The policy as the scripts read it: one packed field.
     let fresh = store(QueuePolicy::default()).await;
-    let conf = format!("{}:conf", fresh.queue_prefix(Q));
+    let conf = lanekeeper::store::keys::conf(&fresh.queue_prefix(Q));
     let mut conn = raw_conn().await;
     let packed: String = redis::cmd("HGET")
         .arg(&conf)
@@ -405,7 +405,7 @@ async fn state_left_by_the_previous_library_version_does_not_break_delivery() {
     let (secs, _us): (u64, u64) = redis::cmd("TIME").query_async(&mut conn).await.unwrap();
     for b in [secs / 10, secs / 10 + 1] {
         let _: () = redis::cmd("HSET")
-            .arg(format!("{p}:ws:{b}"))
+            .arg(lanekeeper::store::keys::legacy_worker_seconds(&p, b))
             .arg("acme")
             .arg("0.0213")
             .query_async(&mut conn)
@@ -414,7 +414,7 @@ async fn state_left_by_the_previous_library_version_does_not_break_delivery() {
     }
     fill(&s, Q, "acme", 2).await;
     let _: () = redis::cmd("HSET")
-        .arg(format!("{p}:t:acme"))
+        .arg(lanekeeper::store::keys::tenant(&p, "acme"))
         .arg(&["d", "0.75", "e", "0.0213"])
         .query_async(&mut conn)
         .await

@@ -495,9 +495,8 @@ fn shardset_on_a_redis_cluster_is_synced_and_ready() {
     assert_eq!(rt.block_on(store.routing()).unwrap().shards, 3);
     // The queue policy went to the primaries owning the queues' slots.
     for n in 0..3u16 {
-        let conf = format!(
-            "{}:conf",
-            store.queue_prefix(lanekeeper::routing::QueueId::Shard(n))
+        let conf = lanekeeper::store::keys::conf(
+            &store.queue_prefix(lanekeeper::routing::QueueId::Shard(n)),
         );
         let slot = redis.keyslot(&conf);
         let owner = redis.primary_of(slot);

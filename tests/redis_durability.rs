@@ -93,7 +93,7 @@ async fn replicated_waits_for_a_replica_and_says_so_when_none_answers() {
     assert!(started.elapsed() < Duration::from_millis(390));
     // The replica has every acknowledged envelope (read without scripts:
     // a replica refuses them).
-    let lane = format!("{}:q:acme", s.queue_prefix(q));
+    let lane = lanekeeper::store::keys::lane(&s.queue_prefix(q), "acme");
     assert_eq!(redis::cli(&replica, &["LLEN", &lane]).trim(), "3");
 }
 

@@ -105,7 +105,7 @@ async fn a_worker_leases_nothing_while_the_table_is_missing() {
         .get_multiplexed_async_connection()
         .await
         .unwrap();
-    let routing_key = "lk:{worker/state-worker}:routing";
+    let routing_key = lanekeeper::store::keys::routing(&SetId::new("worker", "state-worker"));
     let _: () = redis::cmd("DEL")
         .arg(routing_key)
         .query_async(&mut conn)

@@ -18,7 +18,7 @@ fn leftover_keys(url: &str, prefix: &str) -> Vec<String> {
     let client = redis::Client::open(url).unwrap();
     let mut conn = client.get_connection().unwrap();
     redis::cmd("KEYS")
-        .arg(format!("lk:{{simulate/{prefix}*"))
+        .arg(lanekeeper::store::keys::sets_pattern("simulate", prefix))
         .query(&mut conn)
         .unwrap()
 }

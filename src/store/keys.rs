@@ -1,7 +1,101 @@
-//! The Rust side's names for keys of a queue. The scripts name the same keys
-//! in `lua/common.lua` (the key layout at its top is the reference); the few
-//! that Rust reads directly are built here, in one place, and tests use them
-//! too.
+//! The one Rust home of Redis key names. The scripts name the same keys in
+//! `lua/common.lua`: the key layout table at its top is the reference for
+//! what each key holds. Every key Rust builds (the store's own reads and
+//! writes, and the tests and benches that look at Redis directly) is built
+//! here, so a name is spelt once on each side.
+//!
+//! A queue's keys all start with its prefix `P` = `lk:{<namespace>/<set>/<queue>}`
+//! ([`queue_prefix`]): its `{...}` is the queue's hash tag, so they share one
+//! slot. A set's own keys (routing table, endpoint registry) are under the
+//! set's tag, `lk:{<namespace>/<set>}`.
+
+use super::{SetId, SLOT_GUARD};
+use crate::routing::QueueId;
+
+/// The key prefix of a queue, `lk:{<namespace>/<set>/<queue>}`; its `{...}`
+/// is the queue's hash tag.
+pub fn queue_prefix(set: &SetId, q: QueueId) -> String {
+    format!("lk:{{{}/{}/{q}}}", set.namespace, set.name)
+}
+
+/// The set's routing table: `lk:{<namespace>/<set>}:routing` (a hash; the
+/// lane/reshard gate keeps its fields there too, see gate.lua).
+pub fn routing(set: &SetId) -> String {
+    format!("lk:{{{}/{}}}:routing", set.namespace, set.name)
+}
+
+/// A tenant's endpoint registry: `lk:{<namespace>/<set>}:endpoints:<tenant>`
+/// (a hash, endpoint name -> JSON).
+pub fn endpoints(set: &SetId, tenant: &str) -> String {
+    format!("lk:{{{}/{}}}:endpoints:{tenant}", set.namespace, set.name)
+}
+
+/// SCAN pattern of every key of the set's queues: `lk:{<namespace>/<set>/*`.
+pub fn set_queues_pattern(set: &SetId) -> String {
+    format!("lk:{{{}/{}/*", set.namespace, set.name)
+}
+
+/// SCAN pattern of the set's own keys (routing table, endpoints):
+/// `lk:{<namespace>/<set>}*`.
+pub fn set_keys_pattern(set: &SetId) -> String {
+    format!("lk:{{{}/{}}}*", set.namespace, set.name)
+}
+
+/// SCAN pattern of every key of the sets in `namespace` whose name starts
+/// with `name_prefix` (`""`: every set of the namespace), their queues'
+/// keys and their own: `lk:{<namespace>/<name_prefix>*`.
+pub fn sets_pattern(namespace: &str, name_prefix: &str) -> String {
+    format!("lk:{{{namespace}/{name_prefix}*")
+}
+
+/// The second key every per-queue call declares, `P:~slotguard`: never
+/// written (see [`SLOT_GUARD`]).
+pub fn slot_guard(prefix: &str) -> String {
+    format!("{prefix}{SLOT_GUARD}")
+}
+
+/// The queue's policy and settings (`P:conf`, a hash: the packed `policy`
+/// field, `minroute`, the simulator's `clock`).
+pub fn conf(prefix: &str) -> String {
+    format!("{prefix}:conf")
+}
+
+/// The tenants' weights (`P:weights`, a hash).
+pub fn weights(prefix: &str) -> String {
+    format!("{prefix}:weights")
+}
+
+/// Every tenant that has had work in the queue (`P:tenants`, a set).
+pub fn tenants(prefix: &str) -> String {
+    format!("{prefix}:tenants")
+}
+
+/// A tenant's state in the queue (`P:t:<tenant>`, a hash).
+pub fn tenant(prefix: &str, tenant: &str) -> String {
+    format!("{prefix}:t:{tenant}")
+}
+
+/// A tenant's lane (`P:q:<tenant>`, a list of envelope ids, head first).
+pub fn lane(prefix: &str, tenant: &str) -> String {
+    format!("{prefix}:q:{tenant}")
+}
+
+/// One 10 s bucket of worker-microseconds by tenant (`P:wsu:<bucket>`, a hash).
+pub fn worker_seconds(prefix: &str, bucket: u64) -> String {
+    format!("{prefix}:wsu:{bucket}")
+}
+
+/// The bucket of fractional worker-seconds library versions before
+/// [`worker_seconds`] kept (`P:ws:<bucket>`): no current script writes it;
+/// tests write it to play an older version during a rolling upgrade.
+pub fn legacy_worker_seconds(prefix: &str, bucket: u64) -> String {
+    format!("{prefix}:ws:{bucket}")
+}
+
+/// The channel that wakes idle workers (`P:wake`).
+pub fn wake(prefix: &str) -> String {
+    format!("{prefix}:wake")
+}
 
 /// The record of a tenant's envelope: `P:e:<#tenant>:<tenant>:<id>`. The
 /// tenant is part of the name, so two tenants' ids never meet.
@@ -22,4 +116,23 @@ pub fn dead_letters_dropped(prefix: &str) -> String {
 /// A tenant's idempotency claims of one period.
 pub fn claims(prefix: &str, period: u64, tenant: &str) -> String {
     format!("{prefix}:ids:{period}:{tenant}")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_queue_and_its_set_have_their_own_hash_tags() {
+        let set = SetId::new("ns", "web");
+        let p = queue_prefix(&set, QueueId::Shard(3));
+        assert_eq!(p, format!("lk:{{ns/web/{}}}", QueueId::Shard(3)));
+        assert_eq!(routing(&set), "lk:{ns/web}:routing");
+        assert_eq!(endpoints(&set, "acme"), "lk:{ns/web}:endpoints:acme");
+        assert_eq!(slot_guard(&p), format!("{p}:~slotguard"));
+        assert_eq!(envelope(&p, "acme", "x"), format!("{p}:e:4:acme:x"));
+        assert_eq!(set_queues_pattern(&set), "lk:{ns/web/*");
+        assert_eq!(set_keys_pattern(&set), "lk:{ns/web}*");
+        assert_eq!(sets_pattern("ns", "we"), "lk:{ns/we*");
+    }
 }

@@ -1,3 +1,5 @@
+-- Helpers (common.lua): now_ms
+-- Helpers (deliver.lua): lease_next, ack_one
 -- ARGV: id, token, elapsed_us (the delivery just finished), lease_ms,
 -- new token, budget. Acks, then leases the next envelope, in one round trip
 -- (what a worker does after each delivery). Returns the ack answer followed

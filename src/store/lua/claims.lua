@@ -1,3 +1,4 @@
+-- Helpers (common.lua): now_ms, tkey
 -- The tenant's idempotency claims travel with it when it moves (see
 -- Store::mark_moved): a producer's retry of an id delivered before the move
 -- is still a duplicate after it. ARGV: op, tenant, then by op:

@@ -59,14 +59,20 @@
 --   P:blocked         ZSET  tenant -> ms: tenants whose head envelope's breaker is open
 --   P:wake            CHANNEL published when a tenant becomes active (wakes idle workers);
 --                           on Redis Cluster the library is loaded with SPUBLISH here
---                           (sharded pub/sub, see `store::build_library`)
+--                           (sharded pub/sub, see `store::library::build_library`)
 --   P:~slotguard      never written: every call declares it as its second key, so a
 --                           call meets TRYAGAIN while the queue's slot is migrating
 --                           instead of running on half-moved keys (see `store`)
 --
 -- This file, deliver.lua and every script body make one Redis Functions
 -- library (see `store::library`). Closures are created once, when the
--- library loads; each call only binds the queue below (`begin`).
+-- library loads; each call only binds the queue below (`begin`, which the
+-- library runs before every per-queue script).
+--
+-- Which helpers of this file (and of deliver.lua) a script calls is kept in
+-- the script's header, its first lines: `-- Helpers (common.lua): ...` and
+-- `-- Helpers (deliver.lua): ...`. A unit test in `store::library` checks
+-- every header against the calls in its script, so keep them true.
 
 -- Width of a worker-seconds bucket in ms: policy::attribution::BUCKET_SECONDS
 -- x 1000 (a store unit test checks the two agree).

@@ -1,3 +1,5 @@
+-- Helpers (common.lua): istr, num, lease_member, end_lease, tkey, lane, ekey, adopt, quantum,
+--   breaker_gate, breaker_record, unblock_due, settle, dead_letter, promote_due, reap
 -- Lease and ack, shared by the lease, ack and ack_lease scripts.
 
 -- After a lease (charging `charged`) or a skip (charging 0), put the

@@ -1,3 +1,4 @@
+-- Helpers (common.lua): num, now_ms, tkey, lane, hold, ekey, claim_ids, activate_fresh
 -- ARGV: id, tenant, endpoint, payload, backlog limit (0: none), repeated
 -- for each envelope of the batch (one or many), then optionally the version
 -- of the routing table the caller routed by. Returns a flat list with a

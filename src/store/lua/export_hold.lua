@@ -1,3 +1,4 @@
+-- Helpers (common.lua): hold, adopt
 -- ARGV: tenant, limit. Returns the first `limit` held envelopes as a flat
 -- list of id, seq, attempts, payload, enqueued_ms, endpoint ('' payload and
 -- seq: the record is gone, and the target dead-letters it with that cause).

@@ -1,3 +1,4 @@
+-- Helpers (common.lua): none
 -- KEYS[1]: the set's routing hash. Lane moves and reshards of one set take
 -- turns (they would otherwise interleave: a reshard re-hashing a tenant a
 -- promotion is draining, or a retire landing on a shard a shrink prunes).

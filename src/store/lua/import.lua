@@ -1,3 +1,4 @@
+-- Helpers (common.lua): num, now_ms, tkey, lane, ekey, activate, dead_letter
 -- ARGV: tenant, source queue, then id, seq (in the source), attempts, payload,
 -- enqueued_ms, endpoint per envelope. Appends envelopes moved from the
 -- source queue's hold buffer to this lane, in order. Idempotent: the tenant

@@ -1,3 +1,4 @@
+-- Helpers (common.lua): now_ms, unblock_due, dl_expire, promote_due, reap
 -- ARGV: limit. Promotes due retries, reaps expired leases, lifts breaker
 -- blocks that have run out, and ages out old dead letters (of at most 8
 -- tenants). Returns {promoted, reaped}.

@@ -1,3 +1,4 @@
+-- Helpers (common.lua): tkey, lane, hold
 -- ARGV: tenant, target queue. Refuses unless the tenant is paused and drained
 -- here: a lane that is still busy is never moved; and, once its claims are
 -- being copied (claims.lua `begin`), unless every id claimed since has been

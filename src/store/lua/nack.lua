@@ -1,3 +1,5 @@
+-- Helpers (common.lua): now_ms, end_lease, adopt, breaker_record, settle, dead_letter,
+--   dead_missing_lease, delayed_member
 -- ARGV: id, token, elapsed_us, delay_ms, dead (0|1), cause, endpoint failure (0|1:
 -- counts against the endpoint's circuit breaker).
 -- Returns {'RETRY', attempts, due_ms, breaker change} | {'DEAD', attempts, 0, breaker change} | {'STALE'}.

@@ -1,3 +1,5 @@
+-- Helpers (common.lua): now_ms, end_lease, tkey, adopt, release, dead_missing_lease,
+--   return_to_head
 -- ARGV: id, token. Gives a leased envelope back undelivered (a worker
 -- shutting down): it returns to the head of its lane in order, its slot is
 -- freed and its charge refunded, and no attempt is counted. An envelope

@@ -1,3 +1,4 @@
+-- Helpers (common.lua): num, now_ms, tkey, lane, hold, dlkey, ekey, activate
 -- ARGV: tenant, cursor, page, then ids (none: every dead letter).
 -- Replays one page of the tenant's dead letters in this queue: it reads up
 -- to `page` (at most 1000; Store::replay_dead asks for 250, a few ms of work) letters of the tenant's own stream after `cursor`

@@ -1,3 +1,4 @@
+-- Helpers (common.lua): tkey, lane, hold, activate
 -- ARGV: tenant, limit. Appends the hold buffer to the lane in order and
 -- unpauses (and stops copying its claims, should a move have begun). A long buffer is moved in steps of `limit` (the tenant stays
 -- paused meanwhile, so order holds): returns {'MORE', moved} until {'DONE', moved}.

@@ -1,3 +1,4 @@
+-- Helpers (common.lua): none
 -- KEYS[1]: the set's routing hash. ARGV: op (shards | pin | unpin), a, b.
 -- Changes the table and bumps its version in one step; returns the version.
 local key, op, a, b = KEYS[1], ARGV[1], ARGV[2], ARGV[3]

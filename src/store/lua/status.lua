@@ -1,3 +1,4 @@
+-- Helpers (common.lua): tkey, lane, hold
 -- ARGV: tenant. Returns {queued, in_flight, delayed, held, paused, moved_to, depth}.
 local t = ARGV[1]
 local st = redis.call('HMGET', tkey(t), 'f', 'w', 'p', 'm', 'n')

@@ -1,3 +1,4 @@
+-- Helpers (common.lua): num, tkey, hold, ekey
 -- ARGV: tenant, ids... Removes these ids from the head of the hold buffer
 -- once the target queue has them. Idempotent. Returns the count removed.
 local t = ARGV[1]

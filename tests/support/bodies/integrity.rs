@@ -194,7 +194,7 @@ pub async fn claims_made_during_the_copy_travel_too(url: &str) {
     let mut conn = raw(url).await;
     let prefix = s.queue_prefix(Q);
     let _: () = redis::cmd("HSET")
-        .arg(format!("{prefix}:t:mover"))
+        .arg(keys::tenant(&prefix, "mover"))
         .arg("xc")
         .arg("1")
         .query_async(&mut conn)

@@ -1,0 +1,399 @@
+//! Queue operations: a queue's policy, enqueue (one, many, limited, routed),
+//! lease, ack, nack, release, maintenance and wake-ups.
+
+use std::time::Duration;
+
+use redis::Value;
+
+use super::conn::{cluster_builder, PubSubSource};
+use super::keys;
+use super::library::{function_missing, load_library, Func};
+use super::reply::{
+    ack_lease_reply, ack_reply, enqueue_reply, lease_reply, maintain_reply, nack_reply,
+    release_reply,
+};
+use super::{
+    Acked, EnqueueOutcome, Failure, Lease, LeaseOutcome, NackOutcome, Result, Store, StoreError,
+};
+use crate::envelope::Envelope;
+use crate::policy::QueuePolicy;
+use crate::routing::QueueId;
+
+/// Envelopes per enqueue script call in a batch.
+pub const ENQUEUE_CHUNK: usize = 200;
+
+/// Tenants a lease may credit and rotate before it answers `Again`.
+const LEASE_SCAN_BUDGET: u32 = 256;
+
+impl Store {
+    /// Write the fairness policy a queue's scripts read.
+    pub async fn configure_queue(&self, q: QueueId, policy: &QueuePolicy) -> Result<()> {
+        let p = self.queue_prefix(q);
+        let fields = [
+            ("quantum", policy.quantum_seconds.to_string()),
+            ("cap", policy.max_in_flight.to_string()),
+            (
+                "ordered",
+                if policy.ordered { "1" } else { "0" }.to_string(),
+            ),
+            ("weight", policy.default_weight.to_string()),
+            ("est0", policy.initial_estimate_seconds.to_string()),
+            ("maxatt", policy.max_attempts.to_string()),
+            (
+                "idttl",
+                policy.idempotency_window.as_secs().max(1).to_string(),
+            ),
+            ("bratio", policy.breaker.failure_ratio.to_string()),
+            ("bmin", policy.breaker.min_requests.to_string()),
+            ("bwin", policy.breaker.window.as_millis().to_string()),
+            ("bopen", policy.breaker.open_for.as_millis().to_string()),
+            (
+                "dlmax",
+                policy.dead_letters.max_per_tenant.max(1).to_string(),
+            ),
+            (
+                "dlage",
+                policy.dead_letters.max_age.as_secs().max(1).to_string(),
+            ),
+        ];
+        // The scripts read the policy as one field (see common.lua); the
+        // fields one by one are what library versions before it read, kept
+        // while such workers may still run during a rolling upgrade.
+        let packed = fields
+            .iter()
+            .map(|(k, v)| format!("{k}={v}"))
+            .collect::<Vec<_>>()
+            .join(" ");
+        let mut pipe = redis::pipe();
+        pipe.atomic()
+            .hset_multiple(keys::conf(&p), &fields)
+            .ignore()
+            .hset(keys::conf(&p), "policy", packed)
+            .ignore()
+            .del(keys::weights(&p))
+            .ignore();
+        if !policy.weights.is_empty() {
+            let weights: Vec<(String, String)> = policy
+                .weights
+                .iter()
+                .map(|(t, w)| (t.clone(), w.to_string()))
+                .collect();
+            pipe.hset_multiple(keys::weights(&p), &weights).ignore();
+        }
+        let mut conn = self.conn.clone();
+        pipe.query_async::<()>(&mut conn).await?;
+        Ok(())
+    }
+
+    /// Enqueue one envelope into `q` (one script call). The script decides,
+    /// atomically, whether it is queued, held (tenant paused) or refused with
+    /// MOVED (tenant gone); the caller routes, this does not.
+    pub async fn enqueue(&self, q: QueueId, env: &Envelope) -> Result<EnqueueOutcome> {
+        self.enqueue_limited(q, env, None).await
+    }
+
+    /// Enqueue one envelope unless its tenant's backlog in `q` has reached
+    /// `limit` (then [`EnqueueOutcome::Full`], and nothing is stored).
+    pub async fn enqueue_limited(
+        &self,
+        q: QueueId,
+        env: &Envelope,
+        limit: Option<u64>,
+    ) -> Result<EnqueueOutcome> {
+        let payload = encode(env)?;
+        let limit = limit.unwrap_or(0).to_string();
+        let v = self
+            .run(
+                Func::Enqueue,
+                q,
+                &[
+                    env.id.as_bytes(),
+                    env.tenant.as_bytes(),
+                    env.endpoint_name().as_bytes(),
+                    &payload,
+                    limit.as_bytes(),
+                ],
+            )
+            .await?;
+        enqueue_reply(v, 1)?
+            .pop()
+            .expect("a reply of one pair has one outcome")
+    }
+
+    /// Enqueue many envelopes into `q`: up to [`ENQUEUE_CHUNK`] per script
+    /// call, all calls in one pipeline (one round trip). Invalid envelopes get
+    /// their error; the others are stored. Safe to repeat: ids are
+    /// idempotency keys.
+    pub async fn enqueue_batch(
+        &self,
+        q: QueueId,
+        envs: &[Envelope],
+    ) -> Result<Vec<Result<EnqueueOutcome>>> {
+        self.enqueue_batch_limited(q, envs, |_| None).await
+    }
+
+    /// [`Store::enqueue_batch`] with a backlog limit per tenant: envelopes of
+    /// a tenant whose depth in `q` has reached `limit(tenant)` answer
+    /// [`EnqueueOutcome::Full`] and are not stored.
+    pub async fn enqueue_batch_limited(
+        &self,
+        q: QueueId,
+        envs: &[Envelope],
+        limit: impl Fn(&str) -> Option<u64>,
+    ) -> Result<Vec<Result<EnqueueOutcome>>> {
+        self.enqueue_batch_routed(q, envs, limit, 0).await
+    }
+
+    /// [`Store::enqueue_batch_limited`] by a caller that routed with the
+    /// routing table of version `routed`: if the queue's fence is newer, every
+    /// envelope answers [`EnqueueOutcome::Stale`] and nothing is stored.
+    pub async fn enqueue_batch_routed(
+        &self,
+        q: QueueId,
+        envs: &[Envelope],
+        limit: impl Fn(&str) -> Option<u64>,
+        routed: u64,
+    ) -> Result<Vec<Result<EnqueueOutcome>>> {
+        let prefix = self.queue_prefix(q);
+        let guard = keys::slot_guard(&prefix);
+        let function = Func::Enqueue.name(self.lib);
+        let mut results: Vec<Option<Result<EnqueueOutcome>>> = Vec::with_capacity(envs.len());
+        let mut valid: Vec<(usize, Vec<u8>)> = Vec::with_capacity(envs.len());
+        for (i, env) in envs.iter().enumerate() {
+            match encode(env) {
+                Err(e) => results.push(Some(Err(e))),
+                Ok(payload) => {
+                    results.push(None);
+                    valid.push((i, payload));
+                }
+            }
+        }
+        // Each tenant's envelopes side by side (a stable sort: a tenant's
+        // order is kept), so a call carries few tenants: the script's work is
+        // per tenant as well as per envelope (state, claims, lane push).
+        valid.sort_by(|a, b| envs[a.0].tenant.cmp(&envs[b.0].tenant));
+        let mut pipe = redis::pipe();
+        for chunk in valid.chunks(ENQUEUE_CHUNK) {
+            let cmd = pipe
+                .cmd("FCALL")
+                .arg(&function)
+                .arg(2)
+                .arg(&prefix)
+                .arg(&guard);
+            for (i, payload) in chunk {
+                let env = &envs[*i];
+                cmd.arg(&env.id)
+                    .arg(&env.tenant)
+                    .arg(env.endpoint_name())
+                    .arg(payload)
+                    .arg(limit(&env.tenant).unwrap_or(0));
+            }
+            if routed > 0 {
+                cmd.arg(routed);
+            }
+        }
+        if !valid.is_empty() {
+            let mut conn = self.conn.clone();
+            let replies: Vec<Value> = match pipe.query_async(&mut conn).await {
+                Ok(r) => r,
+                Err(e) if function_missing(&e) => {
+                    load_library(&mut conn, self.lib).await?;
+                    pipe.query_async(&mut conn).await?
+                }
+                Err(e) => return Err(e.into()),
+            };
+            for (chunk, reply) in valid.chunks(ENQUEUE_CHUNK).zip(replies) {
+                for ((i, _), outcome) in chunk.iter().zip(enqueue_reply(reply, chunk.len())?) {
+                    results[*i] = Some(outcome);
+                }
+            }
+        }
+        Ok(results
+            .into_iter()
+            .map(|r| r.expect("every slot filled"))
+            .collect())
+    }
+
+    /// Lease the next envelope of `q` by deficit round robin (one script call).
+    pub async fn lease(
+        &self,
+        q: QueueId,
+        worker: &str,
+        lease_for: Duration,
+    ) -> Result<LeaseOutcome> {
+        let ms = lease_for.as_millis().max(1).to_string();
+        let budget = LEASE_SCAN_BUDGET.to_string();
+        let token = lease_token(worker);
+        let v = self
+            .run(
+                Func::Lease,
+                q,
+                &[ms.as_bytes(), token.as_bytes(), budget.as_bytes()],
+            )
+            .await?;
+        lease_reply(q, v)
+    }
+
+    /// Acknowledge `done` and lease the next envelope of the same queue in
+    /// one script call: the worker's loop after each delivery, at one round
+    /// trip instead of two. The bool is what [`Store::ack`] would return.
+    pub async fn ack_and_lease(
+        &self,
+        done: &Lease,
+        elapsed: Duration,
+        worker: &str,
+        lease_for: Duration,
+    ) -> Result<(Acked, LeaseOutcome)> {
+        let us = elapsed.as_micros().to_string();
+        let ms = lease_for.as_millis().max(1).to_string();
+        let budget = LEASE_SCAN_BUDGET.to_string();
+        let token = lease_token(worker);
+        let v = self
+            .run(
+                Func::AckLease,
+                done.queue,
+                &[
+                    done.id.as_bytes(),
+                    done.token.as_bytes(),
+                    us.as_bytes(),
+                    ms.as_bytes(),
+                    token.as_bytes(),
+                    budget.as_bytes(),
+                ],
+            )
+            .await?;
+        ack_lease_reply(done.queue, v)
+    }
+
+    /// Acknowledge a delivery that took `elapsed`. Idempotent: a second ack,
+    /// or an ack for a lease that expired and moved on, returns false.
+    pub async fn ack(&self, lease: &Lease, elapsed: Duration) -> Result<bool> {
+        let us = elapsed.as_micros().to_string();
+        let v = self
+            .run(
+                Func::Ack,
+                lease.queue,
+                &[lease.id.as_bytes(), lease.token.as_bytes(), us.as_bytes()],
+            )
+            .await?;
+        ack_reply(v)
+    }
+
+    /// Report a failed delivery. With `retry_in`, the envelope waits in the
+    /// delayed set and then returns to the head of its lane; with `None`, or
+    /// after the last attempt, it is dead-lettered with the cause.
+    pub async fn nack(
+        &self,
+        lease: &Lease,
+        elapsed: Duration,
+        failure: &Failure<'_>,
+    ) -> Result<NackOutcome> {
+        let us = elapsed.as_micros().to_string();
+        let delay = failure.retry_in.unwrap_or_default().as_millis().to_string();
+        let flag = |b: bool| if b { "1" } else { "0" };
+        let v = self
+            .run(
+                Func::Nack,
+                lease.queue,
+                &[
+                    lease.id.as_bytes(),
+                    lease.token.as_bytes(),
+                    us.as_bytes(),
+                    delay.as_bytes(),
+                    flag(failure.retry_in.is_none()).as_bytes(),
+                    failure.cause.as_bytes(),
+                    flag(failure.endpoint_fault).as_bytes(),
+                ],
+            )
+            .await?;
+        nack_reply(v)
+    }
+
+    /// Give a leased envelope back undelivered (a worker shutting down): it
+    /// returns to the head of its lane, no attempt counted. False if the
+    /// lease was gone.
+    pub async fn release(&self, lease: &Lease) -> Result<bool> {
+        let v = self
+            .run(
+                Func::Release,
+                lease.queue,
+                &[lease.id.as_bytes(), lease.token.as_bytes()],
+            )
+            .await?;
+        Ok(release_reply(&v))
+    }
+
+    /// Promote due retries and reap expired leases, up to `limit` of each.
+    /// Returns (promoted, reaped). Leases do a little of this on every call;
+    /// workers also run it on a timer so an idle queue still recovers.
+    pub async fn maintain(&self, q: QueueId, limit: u32) -> Result<(u64, u64)> {
+        let v = self
+            .run(Func::Maintain, q, &[limit.to_string().as_bytes()])
+            .await?;
+        maintain_reply(v)
+    }
+
+    /// A stream that yields whenever a tenant becomes active in `q` (new
+    /// work for idle workers), from the queue's pub/sub channel. It ends
+    /// when the connection drops; workers then fall back to polling and
+    /// subscribe again.
+    pub async fn wakeups(
+        &self,
+        q: QueueId,
+    ) -> Result<impl futures::Stream<Item = ()> + Send + use<>> {
+        use futures::StreamExt;
+        let channel = keys::wake(&self.queue_prefix(q));
+        match &self.pubsub {
+            PubSubSource::Single(client) => {
+                let mut pubsub = client.get_async_pubsub().await?;
+                pubsub.subscribe(channel).await?;
+                Ok(pubsub.into_on_message().map(|_| ()).boxed())
+            }
+            PubSubSource::Cluster(nodes, opts, tls) => {
+                // Sharded pub/sub (the cluster library SPUBLISHes): the
+                // cluster client sends SSUBSCRIBE to the node owning the
+                // channel's slot and passes messages on as RESP3 pushes.
+                let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+                let client = cluster_builder(nodes, opts, tls.as_ref())
+                    .use_protocol(redis::ProtocolVersion::RESP3)
+                    .push_sender(tx)
+                    .build()?;
+                let mut conn = client.get_async_connection().await?;
+                conn.ssubscribe(&channel).await?;
+                Ok(
+                    futures::stream::unfold((rx, conn), |(mut rx, conn)| async move {
+                        loop {
+                            match rx.recv().await?.kind {
+                                redis::PushKind::SMessage => return Some(((), (rx, conn))),
+                                // The node dropped the subscription (its slot
+                                // moved away) or the connection: end, and the
+                                // worker subscribes again where the slot is now.
+                                redis::PushKind::SUnsubscribe | redis::PushKind::Disconnection => {
+                                    return None
+                                }
+                                _ => continue,
+                            }
+                        }
+                    })
+                    .boxed(),
+                )
+            }
+        }
+    }
+}
+
+/// A lease token, unique per lease, so a late ack from an expired holder is told apart.
+fn lease_token(worker: &str) -> String {
+    // The lease as stored separates its parts by newlines (see common.lua).
+    let worker: String = worker.chars().filter(|c| !c.is_control()).collect();
+    format!("{worker}:{:016x}", rand::random::<u64>())
+}
+
+/// Validate an envelope and encode it as stored.
+fn encode(env: &Envelope) -> Result<Vec<u8>> {
+    env.validate()?;
+    serde_json::to_vec(env).map_err(|e| StoreError::Protocol {
+        script: "enqueue",
+        detail: format!("cannot encode envelope {}: {e}", env.id),
+    })
+}

@@ -1,0 +1,679 @@
+//! What the store answers (the reply types of its operations), and one
+//! decoder per script reply, with the small helpers they share to read a
+//! Redis [`Value`].
+
+use std::time::Duration;
+
+use redis::Value;
+
+use super::{Result, StoreError};
+use crate::envelope::Envelope;
+use crate::routing::QueueId;
+
+/// Where an envelope went.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum EnqueueOutcome {
+    /// On the tenant's lane, with its sequence number in the queue.
+    Queued { seq: u64 },
+    /// In the tenant's hold buffer: the tenant is paused here while it moves.
+    Held { seq: u64 },
+    /// This id was stored before; nothing changed.
+    Duplicate,
+    /// The tenant has moved to another queue: refresh routing and retry there.
+    Moved(QueueId),
+    /// The tenant's backlog here (`depth`: queued, held, delayed and in
+    /// flight) has reached the limit given; nothing was stored.
+    Full { depth: u64 },
+    /// The routing table the caller routed by is older than the queue's
+    /// fence (a reshard changed the shard count): nothing was stored;
+    /// refresh the table and route again.
+    Stale { fence: u64 },
+}
+
+/// An envelope leased to a worker until `deadline_ms`.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Lease {
+    pub queue: QueueId,
+    pub id: String,
+    pub tenant: String,
+    /// The stored envelope, as enqueued. Decode with [`Lease::envelope`].
+    pub payload: String,
+    /// Attempts before this one.
+    pub attempts: u32,
+    /// Sequence number in this queue.
+    pub seq: u64,
+    /// The lease as the queue holds it (charge, start, id, tenant and a
+    /// unique part): ack, nack and release present it.
+    pub token: String,
+    pub deadline_ms: u64,
+    pub enqueued_ms: u64,
+    /// This lease is the probe of a half-open breaker.
+    pub breaker: Option<BreakerChange>,
+}
+
+impl Lease {
+    /// Decode the stored envelope; a corrupt record is an error to dead-letter.
+    /// Its tenant and id are the lease's, whatever the stored payload says:
+    /// the queue names the envelope by both, so that is who it belongs to.
+    pub fn envelope(&self) -> Result<Envelope, serde_json::Error> {
+        let mut env: Envelope = serde_json::from_str(&self.payload)?;
+        env.tenant.clone_from(&self.tenant);
+        env.id.clone_from(&self.id);
+        Ok(env)
+    }
+}
+
+/// The answer to a lease request.
+#[derive(Clone, Debug, PartialEq)]
+pub enum LeaseOutcome {
+    Leased(Lease),
+    /// Nothing is eligible; look again after this long at the latest (the next
+    /// retry or lease deadline falls due then; new work may come sooner).
+    Empty {
+        retry_after: Duration,
+    },
+    /// The scan budget ran out while crediting tenants; ask again at once.
+    Again,
+}
+
+/// What happened to a failed delivery.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum NackOutcome {
+    /// Back in the delayed set, due at `due_ms`.
+    Retry {
+        attempts: u32,
+        due_ms: u64,
+        breaker: Option<BreakerChange>,
+    },
+    /// On the dead-letter list.
+    Dead {
+        attempts: u32,
+        breaker: Option<BreakerChange>,
+    },
+    /// The lease was gone already.
+    Stale,
+}
+
+/// A failed delivery, as the worker reports it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Failure<'a> {
+    /// What went wrong, for the dead letter and the logs.
+    pub cause: &'a str,
+    /// Retry after this long; `None` dead-letters now.
+    pub retry_in: Option<Duration>,
+    /// The endpoint is at fault (5xx, 429, timeout, connection error): counts
+    /// against its circuit breaker.
+    pub endpoint_fault: bool,
+}
+
+impl<'a> Failure<'a> {
+    /// Retry after `after`.
+    pub fn retry(cause: &'a str, after: Duration) -> Self {
+        Self {
+            cause,
+            retry_in: Some(after),
+            endpoint_fault: false,
+        }
+    }
+
+    /// Dead-letter now.
+    pub fn dead(cause: &'a str) -> Self {
+        Self {
+            cause,
+            retry_in: None,
+            endpoint_fault: false,
+        }
+    }
+
+    /// Count this failure against the endpoint's circuit breaker.
+    pub fn blame_endpoint(self) -> Self {
+        Self {
+            endpoint_fault: true,
+            ..self
+        }
+    }
+}
+
+/// A state change of an endpoint's circuit breaker, shared by every worker of the queue.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BreakerChange {
+    /// Tripped: the endpoint's envelopes are not leased until it cools down.
+    Opened,
+    /// Cooled down: one probe request goes out.
+    HalfOpen,
+    /// The probe succeeded.
+    Closed,
+}
+
+impl BreakerChange {
+    pub(super) fn parse(v: Option<&Value>) -> Option<Self> {
+        match v.map(string).as_deref() {
+            Some("open") => Some(BreakerChange::Opened),
+            Some("half-open") => Some(BreakerChange::HalfOpen),
+            Some("closed") => Some(BreakerChange::Closed),
+            _ => None,
+        }
+    }
+
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            BreakerChange::Opened => "open",
+            BreakerChange::HalfOpen => "half-open",
+            BreakerChange::Closed => "closed",
+        }
+    }
+}
+
+/// The answer to an ack.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Acked {
+    /// False when the lease was gone (already acked, or expired and moved on).
+    pub acked: bool,
+    /// The ack closed the endpoint's breaker (a successful probe).
+    pub breaker: Option<BreakerChange>,
+}
+
+/// A tenant's state in one queue, as the relocation phases need it.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct TenantQueueState {
+    pub queued: u64,
+    pub in_flight: u64,
+    pub delayed: u64,
+    pub held: u64,
+    pub paused: bool,
+    pub moved_to: Option<QueueId>,
+    pub depth: u64,
+}
+
+impl TenantQueueState {
+    /// Nothing of the tenant is queued, in flight or waiting to retry here.
+    pub fn drained(&self) -> bool {
+        self.queued == 0 && self.in_flight == 0 && self.delayed == 0
+    }
+}
+
+/// One tenant's recent activity in one queue ([`Store::tenant_activity`]).
+#[derive(Clone, Debug, PartialEq)]
+pub struct TenantActivity {
+    pub state: TenantQueueState,
+    pub delivered: u64,
+    pub failed: u64,
+    /// Worker-seconds per delivery, as the scheduler estimates it.
+    pub estimate_s: Option<f64>,
+    /// The tenant's worker-seconds over the window.
+    pub worker_seconds: f64,
+    /// Every tenant's worker-seconds in this queue over the window.
+    pub queue_worker_seconds: f64,
+    pub oldest_enqueued_ms: Option<u64>,
+    /// Redis server time of the reading.
+    pub now_ms: u64,
+    pub window: Duration,
+}
+
+impl TenantActivity {
+    /// The tenant's share of the queue's worker-seconds over the window.
+    pub fn capacity_share(&self) -> f64 {
+        if self.queue_worker_seconds > 0.0 {
+            self.worker_seconds / self.queue_worker_seconds
+        } else {
+            0.0
+        }
+    }
+
+    /// Deliveries per second over the window (worker-seconds spent divided by
+    /// the cost of one delivery).
+    pub fn drain_rate(&self) -> f64 {
+        let per = self.estimate_s.unwrap_or(1.0).max(1e-3);
+        self.worker_seconds / self.window.as_secs_f64().max(1.0) / per
+    }
+
+    /// How long the oldest queued envelope has waited.
+    pub fn oldest_wait(&self) -> Option<Duration> {
+        self.oldest_enqueued_ms
+            .map(|n| Duration::from_millis(self.now_ms.saturating_sub(n)))
+    }
+}
+
+/// One of a tenant's dead letters.
+#[derive(Clone, Debug, PartialEq)]
+pub struct DeadLetter {
+    pub id: String,
+    pub tenant: String,
+    pub attempts: u32,
+    pub cause: String,
+    pub at: u64,
+    /// The stored envelope (empty when its record was missing).
+    pub envelope: String,
+    /// Where it is in the tenant's dead letters: a page that ends here
+    /// continues after it.
+    pub cursor: String,
+}
+
+/// One page of a tenant's dead letters, oldest first.
+#[derive(Clone, Debug, PartialEq)]
+pub struct DeadLetterPage {
+    pub letters: Vec<DeadLetter>,
+    /// Pass as `after` for the next page; `None` when this was the last.
+    pub next: Option<String>,
+}
+
+/// What one replay step did.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ReplayPage {
+    pub replayed: u64,
+    /// Letters looked at (replayed or not).
+    pub examined: u64,
+    /// Where the next step starts; `None` when the tenant's letters are done.
+    pub next: Option<String>,
+}
+
+pub use crate::policy::TenantStats;
+
+pub(super) fn parse_lease(q: QueueId, items: &[Value]) -> Result<LeaseOutcome> {
+    match tag(items).as_deref() {
+        Some("LEASED") if items.len() == 10 => Ok(LeaseOutcome::Leased(Lease {
+            queue: q,
+            id: string(&items[1]),
+            tenant: string(&items[2]),
+            payload: string(&items[3]),
+            attempts: int(&items[4]) as u32,
+            seq: int(&items[5]),
+            token: string(&items[6]),
+            deadline_ms: int(&items[7]),
+            enqueued_ms: int(&items[8]),
+            breaker: BreakerChange::parse(items.get(9)),
+        })),
+        Some("EMPTY") => Ok(LeaseOutcome::Empty {
+            retry_after: Duration::from_millis(items.get(1).map(int).unwrap_or(1000)),
+        }),
+        Some("AGAIN") => Ok(LeaseOutcome::Again),
+        _ => Err(unexpected("lease", items)),
+    }
+}
+
+pub(super) fn parse_enqueue(tag: &Value, value: &Value) -> Result<EnqueueOutcome> {
+    match string(tag).as_str() {
+        "OK" => Ok(EnqueueOutcome::Queued { seq: int(value) }),
+        "HELD" => Ok(EnqueueOutcome::Held { seq: int(value) }),
+        "DUP" => Ok(EnqueueOutcome::Duplicate),
+        "FULL" => Ok(EnqueueOutcome::Full { depth: int(value) }),
+        "STALE" => Ok(EnqueueOutcome::Stale { fence: int(value) }),
+        "MOVED" => string(value)
+            .parse()
+            .map(EnqueueOutcome::Moved)
+            .map_err(|e| StoreError::Protocol {
+                script: "enqueue",
+                detail: format!("MOVED to {e}"),
+            }),
+        _ => Err(unexpected("enqueue", &[tag.clone(), value.clone()])),
+    }
+}
+
+// ---- one decoder per script reply ------------------------------------
+
+/// enqueue.lua: a `{tag, value}` pair per envelope, `n` envelopes. A reply
+/// of another length is an error of the whole call; a pair that does not
+/// decode is an error of its envelope.
+pub(super) fn enqueue_reply(v: Value, n: usize) -> Result<Vec<Result<EnqueueOutcome>>> {
+    let items = array("enqueue", v)?;
+    if items.len() != 2 * n {
+        return Err(unexpected("enqueue", &items));
+    }
+    Ok(items
+        .chunks(2)
+        .map(|pair| parse_enqueue(&pair[0], &pair[1]))
+        .collect())
+}
+
+/// lease.lua (see [`parse_lease`]).
+pub(super) fn lease_reply(q: QueueId, v: Value) -> Result<LeaseOutcome> {
+    parse_lease(q, &array("lease", v)?)
+}
+
+/// ack_lease.lua: the ack's status and breaker change, then a lease reply.
+pub(super) fn ack_lease_reply(q: QueueId, v: Value) -> Result<(Acked, LeaseOutcome)> {
+    let items = array("ack_lease", v)?;
+    match items.as_slice() {
+        [acked, change, lease @ ..] => Ok((
+            Acked {
+                acked: string(acked) == "OK",
+                breaker: BreakerChange::parse(Some(change)),
+            },
+            parse_lease(q, lease)?,
+        )),
+        _ => Err(unexpected("ack_lease", &items)),
+    }
+}
+
+/// ack.lua: `{'OK' | 'STALE', breaker change}`; true when acked.
+pub(super) fn ack_reply(v: Value) -> Result<bool> {
+    let items = array("ack", v)?;
+    Ok(tag(&items).as_deref() == Some("OK"))
+}
+
+/// nack.lua: `{'RETRY', attempts, due_ms, change} | {'DEAD', attempts, 0, change} | {'STALE'}`.
+pub(super) fn nack_reply(v: Value) -> Result<NackOutcome> {
+    let items = array("nack", v)?;
+    match tag(&items).as_deref() {
+        Some("RETRY") => Ok(NackOutcome::Retry {
+            attempts: items.get(1).map(int).unwrap_or(0) as u32,
+            due_ms: items.get(2).map(int).unwrap_or(0),
+            breaker: BreakerChange::parse(items.get(3)),
+        }),
+        Some("DEAD") => Ok(NackOutcome::Dead {
+            attempts: items.get(1).map(int).unwrap_or(0) as u32,
+            breaker: BreakerChange::parse(items.get(3)),
+        }),
+        Some("STALE") => Ok(NackOutcome::Stale),
+        _ => Err(unexpected("nack", &items)),
+    }
+}
+
+/// release.lua: `'OK'` (given back) or `'STALE'`.
+pub(super) fn release_reply(v: &Value) -> bool {
+    string(v) == "OK"
+}
+
+/// maintain.lua: `{promoted, reaped}`.
+pub(super) fn maintain_reply(v: Value) -> Result<(u64, u64)> {
+    let items = array("maintain", v)?;
+    Ok((
+        items.first().map(int).unwrap_or(0),
+        items.get(1).map(int).unwrap_or(0),
+    ))
+}
+
+/// status.lua: `{queued, in_flight, delayed, held, paused, moved_to, depth}`.
+pub(super) fn status_reply(v: Value) -> Result<TenantQueueState> {
+    let items = array("status", v)?;
+    if items.len() != 7 {
+        return Err(unexpected("status", &items));
+    }
+    let moved = string(&items[5]);
+    Ok(TenantQueueState {
+        queued: int(&items[0]),
+        in_flight: int(&items[1]),
+        delayed: int(&items[2]),
+        held: int(&items[3]),
+        paused: int(&items[4]) == 1,
+        moved_to: if moved.is_empty() {
+            None
+        } else {
+            moved.parse().ok()
+        },
+        depth: int(&items[6]),
+    })
+}
+
+/// claims.lua `begin`: the periods the tenant has claims in.
+pub(super) fn claims_periods_reply(v: Value) -> Result<Vec<u64>> {
+    Ok(array("claims", v)?.iter().map(int).collect())
+}
+
+/// claims.lua `scan`: the next SSCAN cursor (`"0"`: done) and the ids of this step.
+pub(super) fn claims_scan_reply(v: Value) -> Result<(String, Vec<Vec<u8>>)> {
+    let page = array("claims", v)?;
+    let Some((next, ids)) = page.split_first() else {
+        return Err(unexpected("claims", &page));
+    };
+    Ok((string(next), ids.iter().map(bytes).collect()))
+}
+
+/// claims.lua `delta`: ids claimed since the copy began and not yet copied.
+pub(super) fn claims_delta_reply(v: Value) -> Result<Vec<Vec<u8>>> {
+    Ok(array("claims", v)?.iter().map(bytes).collect())
+}
+
+/// What mark_moved.lua answered.
+pub(super) enum MarkMovedReply {
+    /// The tenant is marked as moved.
+    Marked,
+    /// Not paused and drained here: refused.
+    Busy,
+    /// Ids claimed since the claims copy began are still to be copied.
+    Claims,
+}
+
+/// mark_moved.lua: `{'OK'} | {'BUSY'} | {'CLAIMS'}`.
+pub(super) fn mark_moved_reply(v: Value) -> Result<MarkMovedReply> {
+    let items = array("mark_moved", v)?;
+    match tag(&items).as_deref() {
+        Some("OK") => Ok(MarkMovedReply::Marked),
+        Some("BUSY") => Ok(MarkMovedReply::Busy),
+        Some("CLAIMS") => Ok(MarkMovedReply::Claims),
+        _ => Err(unexpected("mark_moved", &items)),
+    }
+}
+
+/// resume.lua: `{'MORE', moved} | {'DONE', moved}`, as (done, moved).
+pub(super) fn resume_reply(v: Value) -> Result<(bool, u64)> {
+    let items = array("resume", v)?;
+    let moved = items.get(1).map(int).unwrap_or(0);
+    match tag(&items).as_deref() {
+        Some("DONE") => Ok((true, moved)),
+        Some("MORE") => Ok((false, moved)),
+        _ => Err(unexpected("resume", &items)),
+    }
+}
+
+/// export_hold.lua: the held envelopes, each as its six fields (id, seq,
+/// attempts, payload, enqueued_ms, endpoint) as import.lua takes them.
+pub(super) fn export_hold_reply(v: Value) -> Result<Vec<Vec<Vec<u8>>>> {
+    let items = array("export_hold", v)?;
+    Ok(items
+        .chunks(6)
+        .map(|chunk| chunk.iter().map(bytes).collect())
+        .collect())
+}
+
+/// import.lua: the count appended.
+pub(super) fn import_reply(v: &Value) -> u64 {
+    int(v)
+}
+
+/// replay_dead.lua: `{'OK', replayed, next cursor, examined} | {'MOVED', queue}`.
+pub(super) fn replay_dead_reply(v: Value) -> Result<std::result::Result<ReplayPage, QueueId>> {
+    let items = array("replay_dead", v)?;
+    match (tag(&items).as_deref(), items.as_slice()) {
+        (Some("OK"), [_, n, next, examined]) => {
+            let next = string(next);
+            Ok(Ok(ReplayPage {
+                replayed: int(n),
+                examined: int(examined),
+                next: (!next.is_empty()).then_some(next),
+            }))
+        }
+        (Some("MOVED"), [_, to]) => string(to)
+            .parse()
+            .map(Err)
+            .map_err(|e| StoreError::Protocol {
+                script: "replay_dead",
+                detail: format!("MOVED to {e}"),
+            }),
+        _ => Err(unexpected("replay_dead", &items)),
+    }
+}
+
+/// routing_update.lua: the table's version after the update.
+pub(super) fn routing_update_reply(v: &Value) -> u64 {
+    int(v)
+}
+
+/// gate.lua `lane_begin`: `'OK'` (the lane may move) or `'WAIT'`.
+pub(super) fn gate_lane_begin_reply(v: &Value) -> bool {
+    string(v) == "OK"
+}
+
+/// gate.lua `reshard_begin`: `{'OK'}`, or `{'WAIT', lane...}` naming the
+/// lanes still moving.
+pub(super) fn gate_reshard_begin_reply(v: Value) -> Result<std::result::Result<(), Vec<String>>> {
+    let items = array("gate", v)?;
+    match tag(&items).as_deref() {
+        Some("OK") => Ok(Ok(())),
+        Some("WAIT") => Ok(Err(items[1..].iter().map(string).collect())),
+        _ => Err(unexpected("gate", &items)),
+    }
+}
+
+pub(super) fn unexpected(script: &'static str, items: &[Value]) -> StoreError {
+    StoreError::Protocol {
+        script,
+        detail: format!("{items:?}"),
+    }
+}
+
+pub(super) fn array(script: &'static str, v: Value) -> Result<Vec<Value>> {
+    match v {
+        Value::Array(items) => Ok(items),
+        Value::ServerError(e) => Err(StoreError::Redis(e.into())),
+        other => Err(StoreError::Protocol {
+            script,
+            detail: format!("expected an array, got {other:?}"),
+        }),
+    }
+}
+
+pub(super) fn tag(items: &[Value]) -> Option<String> {
+    items.first().map(string)
+}
+
+pub(super) fn bytes(v: &Value) -> Vec<u8> {
+    match v {
+        Value::BulkString(b) => b.clone(),
+        Value::SimpleString(s) => s.as_bytes().to_vec(),
+        Value::Int(i) => i.to_string().into_bytes(),
+        _ => Vec::new(),
+    }
+}
+
+pub(super) fn string(v: &Value) -> String {
+    match v {
+        Value::BulkString(b) => String::from_utf8_lossy(b).into_owned(),
+        Value::SimpleString(s) => s.clone(),
+        Value::Okay => "OK".to_string(),
+        Value::Int(i) => i.to_string(),
+        _ => String::new(),
+    }
+}
+
+pub(super) fn int(v: &Value) -> u64 {
+    match v {
+        Value::Int(i) => (*i).max(0) as u64,
+        Value::BulkString(b) => std::str::from_utf8(b)
+            .ok()
+            .and_then(|s| s.parse().ok())
+            .unwrap_or(0),
+        _ => 0,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn bulk(s: &str) -> Value {
+        Value::BulkString(s.as_bytes().to_vec())
+    }
+
+    #[test]
+    fn an_enqueue_reply_of_the_wrong_length_fails_the_call_and_a_bad_pair_its_envelope() {
+        let v = Value::Array(vec![bulk("OK"), Value::Int(7), bulk("NOPE"), Value::Int(0)]);
+        let out = enqueue_reply(v, 2).unwrap();
+        assert_eq!(out[0].as_ref().unwrap(), &EnqueueOutcome::Queued { seq: 7 });
+        assert!(matches!(
+            out[1],
+            Err(StoreError::Protocol {
+                script: "enqueue",
+                ..
+            })
+        ));
+        let short = Value::Array(vec![bulk("OK"), Value::Int(7)]);
+        assert!(matches!(
+            enqueue_reply(short, 2),
+            Err(StoreError::Protocol {
+                script: "enqueue",
+                ..
+            })
+        ));
+    }
+
+    #[test]
+    fn a_nack_reply_carries_attempts_due_time_and_breaker_change() {
+        let v = Value::Array(vec![
+            bulk("RETRY"),
+            Value::Int(3),
+            bulk("1234"),
+            bulk("open"),
+        ]);
+        assert_eq!(
+            nack_reply(v).unwrap(),
+            NackOutcome::Retry {
+                attempts: 3,
+                due_ms: 1234,
+                breaker: Some(BreakerChange::Opened)
+            }
+        );
+        let dead = Value::Array(vec![bulk("DEAD"), Value::Int(5), Value::Int(0), bulk("")]);
+        assert_eq!(
+            nack_reply(dead).unwrap(),
+            NackOutcome::Dead {
+                attempts: 5,
+                breaker: None
+            }
+        );
+        assert!(nack_reply(Value::Array(vec![bulk("?")])).is_err());
+    }
+
+    #[test]
+    fn a_status_reply_has_seven_fields() {
+        let mut fields = vec![1, 2, 3, 4, 1]
+            .into_iter()
+            .map(Value::Int)
+            .collect::<Vec<_>>();
+        fields.push(bulk(""));
+        fields.push(Value::Int(10));
+        let state = status_reply(Value::Array(fields.clone())).unwrap();
+        assert_eq!(
+            state,
+            TenantQueueState {
+                queued: 1,
+                in_flight: 2,
+                delayed: 3,
+                held: 4,
+                paused: true,
+                moved_to: None,
+                depth: 10
+            }
+        );
+        fields.pop();
+        assert!(status_reply(Value::Array(fields)).is_err());
+    }
+
+    #[test]
+    fn a_gate_that_makes_a_reshard_wait_names_the_moving_lanes() {
+        let wait = Value::Array(vec![bulk("WAIT"), bulk("lane-a"), bulk("lane-b")]);
+        assert_eq!(
+            gate_reshard_begin_reply(wait).unwrap(),
+            Err(vec!["lane-a".to_string(), "lane-b".to_string()])
+        );
+        assert_eq!(
+            gate_reshard_begin_reply(Value::Array(vec![bulk("OK")])).unwrap(),
+            Ok(())
+        );
+        assert!(gate_reshard_begin_reply(Value::Array(vec![])).is_err());
+    }
+
+    #[test]
+    fn export_hold_rows_are_six_fields_each() {
+        let v = Value::Array(
+            ["a", "1", "0", "{}", "5", "", "b", "2", "1", "{}", "6", "ep"]
+                .iter()
+                .map(|s| bulk(s))
+                .collect(),
+        );
+        let rows = export_hold_reply(v).unwrap();
+        assert_eq!(rows.len(), 2);
+        assert_eq!(rows[1][0], b"b".to_vec());
+        assert_eq!(rows[1][5], b"ep".to_vec());
+    }
+}

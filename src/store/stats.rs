@@ -1,0 +1,165 @@
+//! Attribution: per-tenant depth, delivered, failed and worker-seconds of a
+//! queue, and one tenant's recent activity.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use redis::Value;
+
+use super::{keys, Result, Store, StoreError, TenantActivity, TenantStats};
+use crate::policy::attribution;
+use crate::routing::QueueId;
+
+impl Store {
+    /// Per-tenant depth, delivered, failed and worker-seconds over `window`
+    /// in `q`, largest worker-seconds first.
+    pub async fn tenant_stats(&self, q: QueueId, window: Duration) -> Result<Vec<TenantStats>> {
+        let mut conn = self.conn.clone();
+        let now_ms: u64 = {
+            let (s, us): (u64, u64) = redis::cmd("TIME").query_async(&mut conn).await?;
+            s * 1000 + us / 1000
+        };
+        self.tenant_stats_at(q, window, now_ms).await
+    }
+
+    /// [`Store::tenant_stats`] for the window that ends at `now_ms` instead
+    /// of Redis's own time: the capacity simulator reads attribution at its
+    /// virtual time (see [`Store::set_virtual_clock`]).
+    pub async fn tenant_stats_at(
+        &self,
+        q: QueueId,
+        window: Duration,
+        now_ms: u64,
+    ) -> Result<Vec<TenantStats>> {
+        let p = self.queue_prefix(q);
+        let mut conn = self.conn.clone();
+        let newest = attribution::bucket_of(now_ms);
+        let buckets = attribution::buckets(window);
+        let tenants: Vec<String> = redis::cmd("SMEMBERS")
+            .arg(keys::tenants(&p))
+            .query_async(&mut conn)
+            .await?;
+        let mut pipe = redis::pipe();
+        for t in &tenants {
+            pipe.cmd("HMGET")
+                .arg(keys::tenant(&p, t))
+                .arg(&["n", "ok", "ko"]);
+        }
+        for b in 0..buckets {
+            pipe.hgetall(keys::worker_seconds(&p, newest.saturating_sub(b)));
+        }
+        let replies: Vec<Value> = pipe.query_async(&mut conn).await?;
+        let (counters, windows) = replies.split_at(tenants.len().min(replies.len()));
+        let mut by_tenant: BTreeMap<String, TenantStats> = BTreeMap::new();
+        for (t, v) in tenants.iter().zip(counters) {
+            let n: Vec<Option<u64>> =
+                redis::from_redis_value_ref(v).map_err(|e| StoreError::Protocol {
+                    script: "tenant stats",
+                    detail: format!("counters of {t}: {e}"),
+                })?;
+            let field = |i: usize| n.get(i).copied().flatten().unwrap_or(0);
+            by_tenant.insert(
+                t.clone(),
+                TenantStats {
+                    tenant: t.clone(),
+                    depth: field(0),
+                    delivered: field(1),
+                    failed: field(2),
+                    worker_seconds: 0.0,
+                },
+            );
+        }
+        for v in windows {
+            let map: BTreeMap<String, f64> =
+                redis::from_redis_value_ref(v).map_err(|e| StoreError::Protocol {
+                    script: "tenant stats",
+                    detail: format!("worker-seconds bucket: {e}"),
+                })?;
+            for (t, us) in map {
+                by_tenant
+                    .entry(t.clone())
+                    .or_insert_with(|| TenantStats {
+                        tenant: t,
+                        ..Default::default()
+                    })
+                    .worker_seconds += us / 1e6;
+            }
+        }
+        by_tenant.retain(|_, s| s.depth + s.delivered + s.failed > 0 || s.worker_seconds > 0.0);
+        let mut out: Vec<TenantStats> = by_tenant.into_values().collect();
+        out.sort_by(|a, b| {
+            b.worker_seconds
+                .total_cmp(&a.worker_seconds)
+                .then(b.depth.cmp(&a.depth))
+        });
+        Ok(out)
+    }
+
+    /// One tenant's recent activity in `q`: what [`Store::tenant_state`]
+    /// says, plus delivered and failed counts, its worker-seconds and the
+    /// queue's over `window`, its cost estimate per delivery, and when its
+    /// oldest queued envelope was enqueued.
+    pub async fn tenant_activity(
+        &self,
+        q: QueueId,
+        tenant: &str,
+        window: Duration,
+    ) -> Result<TenantActivity> {
+        let state = self.tenant_state(q, tenant).await?;
+        let p = self.queue_prefix(q);
+        let mut conn = self.conn.clone();
+        let (s, us): (u64, u64) = redis::cmd("TIME").query_async(&mut conn).await?;
+        let now_ms = s * 1000 + us / 1000;
+        let newest = attribution::bucket_of(now_ms);
+        let buckets = attribution::buckets(window);
+        let mut pipe = redis::pipe();
+        pipe.cmd("HMGET")
+            .arg(keys::tenant(&p, tenant))
+            .arg(&["ok", "ko", "e"]);
+        pipe.cmd("LINDEX").arg(keys::lane(&p, tenant)).arg(0);
+        for b in 0..buckets {
+            pipe.hgetall(keys::worker_seconds(&p, newest.saturating_sub(b)));
+        }
+        let replies: Vec<Value> = pipe.query_async(&mut conn).await?;
+        let bad = |detail: String| StoreError::Protocol {
+            script: "tenant activity",
+            detail,
+        };
+        let counters: Vec<Option<String>> =
+            redis::from_redis_value_ref(&replies[0]).map_err(|e| bad(e.to_string()))?;
+        let num = |i: usize| {
+            counters
+                .get(i)
+                .cloned()
+                .flatten()
+                .and_then(|v| v.parse::<f64>().ok())
+        };
+        let mut activity = TenantActivity {
+            state,
+            delivered: num(0).unwrap_or(0.0) as u64,
+            failed: num(1).unwrap_or(0.0) as u64,
+            estimate_s: num(2).map(|us| us / 1e6),
+            worker_seconds: 0.0,
+            queue_worker_seconds: 0.0,
+            oldest_enqueued_ms: None,
+            now_ms,
+            window,
+        };
+        for v in &replies[2..] {
+            let map: BTreeMap<String, f64> =
+                redis::from_redis_value_ref(v).map_err(|e| bad(e.to_string()))?;
+            activity.queue_worker_seconds += map.values().sum::<f64>() / 1e6;
+            activity.worker_seconds += map.get(tenant).copied().unwrap_or(0.0) / 1e6;
+        }
+        if let Value::BulkString(id) = &replies[1] {
+            let id = String::from_utf8_lossy(id);
+            let n: Option<u64> = redis::cmd("HGET")
+                .arg(keys::envelope(&p, tenant, &id))
+                .arg("n")
+                .query_async(&mut conn)
+                .await?;
+            activity.oldest_enqueued_ms = n;
+        }
+        Ok(activity)
+    }
+}
