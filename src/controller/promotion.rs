@@ -196,6 +196,7 @@ pub async fn run(ctx: Arc<Context>, namespace: Option<String>, tick: Duration) {
 }
 
 /// One tick for one set: measure, decide, act, record.
+#[tracing::instrument(name = "promotion_tick", skip_all, fields(namespace = %set.namespace().unwrap_or_default(), shard_set = %set.name_any()))]
 async fn tick_set(set: &ShardSet, ctx: &Context) -> anyhow::Result<()> {
     let ns = set.namespace().unwrap_or_default();
     let name = set.name_any();

@@ -244,6 +244,7 @@ fn status_name(o: &EnqueueOutcome) -> &'static str {
         (status = 503, description = "Redis is slow or down; retry", body = ErrorBody),
     ),
     security(("api_key" = [])))]
+#[tracing::instrument(name = "ingest_event", level = "debug", skip_all, fields(caller = %who.name))]
 pub(super) async fn post_event(
     State(ingest): State<Ingest>,
     Caller(who): Caller,
@@ -494,6 +495,7 @@ pub(super) fn batch_items(b: &[u8], ndjson: bool, max: usize) -> Result<Vec<&[u8
         (status = 503, body = ErrorBody),
     ),
     security(("api_key" = [])))]
+#[tracing::instrument(name = "ingest_batch", level = "debug", skip_all, fields(caller = %who.name))]
 pub(super) async fn post_batch(
     State(ingest): State<Ingest>,
     Caller(who): Caller,

@@ -349,6 +349,9 @@ async fn sleep_or_stop(d: Duration, stop: &watch::Receiver<bool>) {
 
 /// Deliver one leased envelope and report the result. Returns the next
 /// lease when the ack could carry one (`ack_and_lease`).
+/// One leased envelope: deliver, then ack, nack or release. A span per
+/// envelope at debug level (off by default: the hot path pays a check).
+#[tracing::instrument(name = "deliver", level = "debug", skip_all, fields(queue = %lease.queue, tenant = %lease.tenant, id = %lease.id, attempt = lease.attempts + 1))]
 async fn handle(
     shared: &Shared,
     worker: &str,

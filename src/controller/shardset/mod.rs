@@ -112,6 +112,7 @@ fn error_kind(err: &Error) -> &'static str {
     }
 }
 
+#[tracing::instrument(name = "reconcile_shardset", skip_all, fields(namespace = %set.namespace().unwrap_or_default(), shard_set = %set.name_any()))]
 async fn reconcile(set: Arc<ShardSet>, ctx: Arc<Context>) -> Result<Action, Error> {
     let started = Instant::now();
     let result = reconcile_inner(&set, &ctx).await;
