@@ -1106,4 +1106,29 @@ spec:
         r.password_secret_ref = None;
         check_redis_credentials(&r).unwrap();
     }
+
+    #[test]
+    fn a_shard_set_can_set_no_name_of_the_workers_env_contract() {
+        for name in worker_env::ALL {
+            assert!(
+                name.starts_with(worker_env::PREFIX) || name == worker_env::POD_NAME,
+                "{name} is outside what the CRD refuses"
+            );
+            assert!(
+                controller_env_name(name),
+                "{name} is not refused in a worker template"
+            );
+        }
+    }
+
+    #[test]
+    fn the_crd_refuses_the_prefix_and_pod_name_in_worker_env() {
+        let yaml = crate::crd::all_yaml().unwrap();
+        let rule = format!(
+            "!e.name.startsWith('{}') && e.name != '{}'",
+            worker_env::PREFIX,
+            worker_env::POD_NAME
+        );
+        assert!(yaml.contains(&rule), "no CEL rule {rule:?} in the CRDs");
+    }
 }

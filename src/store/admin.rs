@@ -1,7 +1,7 @@
 //! Administration: ping, the cluster's primaries, running a command on one
 //! node, and the capacity simulator's hooks (its virtual clock, and purging
 //! its throwaway set). The simulator hooks are used only by `lanekeeper
-//! simulate` (crate::simulate), on a throwaway set.
+//! simulate`), on a throwaway set.
 
 use std::collections::BTreeMap;
 

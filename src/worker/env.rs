@@ -80,29 +80,3 @@ pub const ALL: [&str; 22] = [
     LOG_FORMAT,
     POD_NAME,
 ];
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_shard_set_can_set_no_name_of_the_contract() {
-        for name in ALL {
-            assert!(
-                name.starts_with(PREFIX) || name == POD_NAME,
-                "{name} is outside what the CRD refuses"
-            );
-            assert!(
-                crate::controller::build::controller_env_name(name),
-                "{name} is not refused in a worker template"
-            );
-        }
-    }
-
-    #[test]
-    fn the_crd_refuses_the_prefix_and_pod_name_in_worker_env() {
-        let yaml = crate::crd::all_yaml().unwrap();
-        let rule = format!("!e.name.startsWith('{PREFIX}') && e.name != '{POD_NAME}'");
-        assert!(yaml.contains(&rule), "no CEL rule {rule:?} in the CRDs");
-    }
-}
