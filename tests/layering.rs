@@ -82,7 +82,11 @@ fn every_module_names_only_what_its_layer_allows() {
     let mut broken: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
     let mut seen = BTreeSet::new();
     for file in files {
-        let rel = file.strip_prefix(&src).unwrap().to_string_lossy().to_string();
+        let rel = file
+            .strip_prefix(&src)
+            .unwrap()
+            .to_string_lossy()
+            .to_string();
         let module = rel.split(['/', '.']).next().unwrap().to_string();
         // The binary, the crate root, and test-only files.
         if matches!(module.as_str(), "main" | "cli" | "lib") || rel.ends_with("tests.rs") {
@@ -112,6 +116,9 @@ fn every_module_names_only_what_its_layer_allows() {
 #[test]
 fn the_checker_sees_a_path_and_ignores_comments_and_tests() {
     let text = "//! crate::controller in a doc\nuse crate::store::Store;\nfn f() { crate::policy::retry_delay(); }\n#[cfg(test)]\nmod tests {\n    use crate::controller;\n}\n";
-    let names: Vec<String> = crate_paths(&code(text)).into_iter().map(|(n, _)| n).collect();
+    let names: Vec<String> = crate_paths(&code(text))
+        .into_iter()
+        .map(|(n, _)| n)
+        .collect();
     assert_eq!(names, ["store", "policy"]);
 }

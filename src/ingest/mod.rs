@@ -35,13 +35,13 @@ pub use wire::{
     ErrorBody, EventAccepted, EventIn, ItemResult, ReplayIn, ReplayOut, StatsOut, StatsQuery,
 };
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use crate::endpoint::Endpoint;
 use crate::producer::Producer;
-use crate::store::{Store, StoreError};
+use crate::store::{Store, StoreError, TtlCache};
 use crate::telemetry::{EnvelopeLabels, IngestMetrics};
 
 use auth::Keys;
@@ -52,15 +52,18 @@ pub struct Ingest {
     inner: Arc<Inner>,
 }
 
-/// Tenant -> (when read, its endpoints).
-type EndpointCache = HashMap<String, (Instant, Arc<BTreeMap<String, Endpoint>>)>;
+/// Tenant -> its endpoints, reused for `cache_ttl`.
+type EndpointCache = TtlCache<String, Arc<BTreeMap<String, Endpoint>>>;
+
+/// Tenants whose endpoints one ingest process remembers at most.
+const ENDPOINT_CACHE_CAPACITY: usize = 65_536;
 
 struct Inner {
     producer: Producer,
     keys: Keys,
     config: Config,
     metrics: IngestMetrics,
-    endpoints: Mutex<EndpointCache>,
+    endpoints: EndpointCache,
     /// Endpoint writes of this process, one at a time, so that the count
     /// check and the write of one PUT are not interleaved with another's.
     endpoint_writes: tokio::sync::Mutex<()>,
@@ -70,13 +73,14 @@ struct Inner {
 
 impl Ingest {
     pub fn new(store: Store, keys: Keys, config: Config, metrics: IngestMetrics) -> Self {
+        let endpoints = EndpointCache::new(config.cache_ttl, ENDPOINT_CACHE_CAPACITY);
         Self {
             inner: Arc::new(Inner {
                 producer: Producer::new(store, config.cache_ttl),
                 keys,
                 config,
                 metrics,
-                endpoints: Mutex::default(),
+                endpoints,
                 endpoint_writes: tokio::sync::Mutex::new(()),
                 eviction: Mutex::default(),
             }),
@@ -106,22 +110,16 @@ impl Ingest {
     /// A tenant's endpoints, cached briefly (writes through this process
     /// refresh the cache at once; other replicas see them within the TTL).
     async fn endpoints(&self, tenant: &str) -> Result<Arc<BTreeMap<String, Endpoint>>, ApiError> {
-        if let Some((at, eps)) = self.cache().get(tenant) {
-            if at.elapsed() < self.inner.config.cache_ttl {
-                return Ok(eps.clone());
-            }
-        }
-        let eps = Arc::new(self.redis(self.store().endpoints(tenant)).await?);
-        self.cache()
-            .insert(tenant.to_string(), (Instant::now(), eps.clone()));
-        Ok(eps)
-    }
-
-    fn cache(&self) -> std::sync::MutexGuard<'_, EndpointCache> {
+        let load = async { Ok(Arc::new(self.redis(self.store().endpoints(tenant)).await?)) };
         self.inner
             .endpoints
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
+            .get_or_load(tenant.to_string(), load)
+            .await
+    }
+
+    /// Forget a tenant's cached endpoints (this process just changed them).
+    fn forget_endpoints(&self, tenant: &str) {
+        self.inner.endpoints.remove(&tenant.to_string());
     }
 
     fn count(&self, outcome: &str, n: u64) {

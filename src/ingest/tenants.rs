@@ -101,7 +101,7 @@ pub(super) async fn put_endpoint(
     ingest
         .redis(ingest.store().put_endpoint(&tenant, &name, &endpoint))
         .await?;
-    ingest.cache().remove(&tenant);
+    ingest.forget_endpoints(&tenant);
     Ok(Json(EndpointOut::new(&name, &endpoint, Some(secret))))
 }
 
@@ -156,7 +156,7 @@ pub(super) async fn delete_endpoint(
     let existed = ingest
         .redis(ingest.store().delete_endpoint(&tenant, &name))
         .await?;
-    ingest.cache().remove(&tenant);
+    ingest.forget_endpoints(&tenant);
     if existed {
         Ok(StatusCode::NO_CONTENT)
     } else {

@@ -29,6 +29,7 @@
 //! of the slot is done (see `docs/architecture.md`, "Redis Cluster").
 
 mod admin;
+mod cache;
 mod conn;
 mod deadletters;
 mod durable;
@@ -44,6 +45,7 @@ mod url;
 
 pub mod keys;
 
+pub use cache::TtlCache;
 pub use conn::{ConnectOptions, RedisTls};
 pub use deadletters::{DEAD_LETTER_PAGE, REPLAY_PAGE};
 pub use library::SLOT_GUARD;

@@ -6,9 +6,8 @@ pub mod delivery;
 pub mod env;
 pub mod ssrf;
 
-use std::collections::HashMap;
 use std::net::SocketAddr;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use tokio::sync::watch;
@@ -17,7 +16,9 @@ use tracing::{info, warn};
 use crate::endpoint::Endpoint;
 use crate::routing::QueueId;
 use crate::scheduler::retry_delay;
-use crate::store::{Acked, BreakerChange, Failure, Lease, LeaseOutcome, NackOutcome, Store};
+use crate::store::{
+    Acked, BreakerChange, Failure, Lease, LeaseOutcome, NackOutcome, Store, TtlCache,
+};
 use crate::telemetry::{BreakerLabels, OutcomeLabels, QueueLabels, TenantLabels, WorkerMetrics};
 use delivery::{Deliverer, Outcome};
 
@@ -56,42 +57,12 @@ impl WorkerConfig {
     }
 }
 
-/// (tenant, endpoint name) -> what the registry said, and when.
-type CachedEndpoints = HashMap<(String, String), (Option<Endpoint>, Instant)>;
+/// (tenant, endpoint name) -> what the registry said, reused for
+/// `endpoint_cache`.
+type EndpointCache = TtlCache<(String, String), Option<Endpoint>>;
 
-/// Endpoints looked up in the registry, reused for a short TTL.
-#[derive(Default)]
-struct EndpointCache {
-    entries: Mutex<CachedEndpoints>,
-}
-
-impl EndpointCache {
-    async fn get(
-        &self,
-        store: &Store,
-        ttl: Duration,
-        tenant: &str,
-        name: &str,
-    ) -> Result<Option<Endpoint>, crate::store::StoreError> {
-        let key = (tenant.to_string(), name.to_string());
-        if let Some((ep, at)) = self
-            .entries
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .get(&key)
-        {
-            if at.elapsed() < ttl {
-                return Ok(ep.clone());
-            }
-        }
-        let ep = store.endpoint(tenant, name).await?;
-        self.entries
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .insert(key, (ep.clone(), Instant::now()));
-        Ok(ep)
-    }
-}
+/// Endpoints a worker remembers at most.
+const ENDPOINT_CACHE_CAPACITY: usize = 65_536;
 
 struct Shared {
     store: Store,
@@ -143,7 +114,7 @@ pub async fn run(
         queue_label: config.queue.to_string(),
         store,
         deliverer,
-        endpoints: EndpointCache::default(),
+        endpoints: EndpointCache::new(config.endpoint_cache, ENDPOINT_CACHE_CAPACITY),
         metrics,
         config,
         wake: tokio::sync::Notify::new(),
@@ -404,11 +375,9 @@ async fn handle(
         .unwrap_or_else(|| "default".to_string());
     let endpoint = match shared
         .endpoints
-        .get(
-            &shared.store,
-            shared.config.endpoint_cache,
-            &env.tenant,
-            &endpoint_name,
+        .get_or_load(
+            (env.tenant.clone(), endpoint_name.clone()),
+            shared.store.endpoint(&env.tenant, &endpoint_name),
         )
         .await
     {
