@@ -21,8 +21,8 @@ use std::time::{Duration, Instant};
 
 use common::{env, Rate};
 use lanekeeper::envelope::Envelope;
+use lanekeeper::policy::QueuePolicy;
 use lanekeeper::routing::QueueId;
-use lanekeeper::scheduler::QueuePolicy;
 use lanekeeper::store::{ConnectOptions, LeaseOutcome, SetId, Store};
 use support::redis::TestCluster;
 

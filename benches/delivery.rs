@@ -11,7 +11,7 @@ mod support;
 
 use std::time::{Duration, Instant};
 
-use lanekeeper::scheduler::QueuePolicy;
+use lanekeeper::policy::QueuePolicy;
 use support::scenario::{setup, small_tenant_scenario, stop};
 
 const TENANTS: u64 = 20;

@@ -14,8 +14,8 @@ use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 use lanekeeper::envelope::Envelope;
+use lanekeeper::policy::QueuePolicy;
 use lanekeeper::routing::QueueId;
-use lanekeeper::scheduler::QueuePolicy;
 use lanekeeper::store::{SetId, Store};
 use proptest::prelude::*;
 use support::redis::TestCluster;

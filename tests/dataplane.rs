@@ -9,9 +9,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use lanekeeper::envelope::Envelope;
+use lanekeeper::policy::QueuePolicy;
 use lanekeeper::producer::Producer;
 use lanekeeper::routing::{hash_shard, QueueId};
-use lanekeeper::scheduler::QueuePolicy;
 use lanekeeper::store::{
     ConnectOptions, EnqueueOutcome, Failure, LeaseOutcome, NackOutcome, SetId, Store, StoreError,
 };
@@ -624,7 +624,7 @@ async fn ack_and_lease_is_one_round_trip_of_both() {
 
 #[tokio::test]
 async fn open_breaker_gives_the_tenant_share_to_others_then_a_probe_closes_it() {
-    use lanekeeper::scheduler::BreakerPolicy;
+    use lanekeeper::policy::BreakerPolicy;
     use lanekeeper::store::BreakerChange;
     let policy = QueuePolicy {
         breaker: BreakerPolicy {

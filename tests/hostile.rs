@@ -721,7 +721,7 @@ async fn tenant_ids_follow_the_documented_rule_at_every_entry() {
 
 // ---- defects 3, 4 and 9: the worker's network edges -------------------------
 
-use lanekeeper::scheduler::QueuePolicy;
+use lanekeeper::policy::QueuePolicy;
 use lanekeeper::signing::Secret;
 use support::scenario::{setup, Q};
 

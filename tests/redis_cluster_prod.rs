@@ -8,9 +8,9 @@ mod support;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
+use lanekeeper::policy::QueuePolicy;
 use lanekeeper::producer::Producer;
 use lanekeeper::routing::{hash_shard, QueueId};
-use lanekeeper::scheduler::QueuePolicy;
 use lanekeeper::store::{SetId, Store, StoreError};
 use support::process;
 use support::redis::{Pki, TestCluster};

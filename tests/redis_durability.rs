@@ -12,9 +12,9 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use lanekeeper::endpoint::Endpoint;
+use lanekeeper::policy::QueuePolicy;
 use lanekeeper::producer::Producer;
 use lanekeeper::routing::QueueId;
-use lanekeeper::scheduler::QueuePolicy;
 use lanekeeper::store::{SetId, Store, StoreError};
 use support::redis::{self, TestRedis};
 

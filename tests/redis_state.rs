@@ -8,8 +8,8 @@ mod support;
 use std::time::{Duration, Instant};
 
 use lanekeeper::ingest::{auth, Config, Ingest};
+use lanekeeper::policy::QueuePolicy;
 use lanekeeper::routing::QueueId;
-use lanekeeper::scheduler::QueuePolicy;
 use lanekeeper::store::{SetId, Store};
 use lanekeeper::telemetry::IngestMetrics;
 

@@ -7,8 +7,8 @@ mod support;
 use std::process::Command;
 use std::time::Duration;
 
+use lanekeeper::policy::QueuePolicy;
 use lanekeeper::routing::QueueId;
-use lanekeeper::scheduler::QueuePolicy;
 use lanekeeper::store::{ConnectOptions, LeaseOutcome, SetId, Store};
 use support::redis::{self, TlsRedis};
 

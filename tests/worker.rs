@@ -6,7 +6,7 @@ mod support;
 use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 
-use lanekeeper::scheduler::{BreakerPolicy, QueuePolicy};
+use lanekeeper::policy::{BreakerPolicy, QueuePolicy};
 use lanekeeper::signing::Secret;
 use support::scenario::{envelope, setup, small_tenant_scenario, stop, wait_percentiles, Q};
 

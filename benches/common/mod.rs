@@ -7,8 +7,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use lanekeeper::envelope::Envelope;
+use lanekeeper::policy::QueuePolicy;
 use lanekeeper::routing::QueueId;
-use lanekeeper::scheduler::QueuePolicy;
 use lanekeeper::store::{ConnectOptions, LeaseOutcome, SetId, Store};
 
 pub const CLIENTS: usize = 50;

@@ -68,46 +68,51 @@ pub fn thresholds(spec: &PromotionSpec) -> Thresholds {
     }
 }
 
-fn time(ms: i64) -> Time {
-    Time(Timestamp::from_millisecond(ms).unwrap_or(Timestamp::UNIX_EPOCH))
+/// A candidate's fields as status holds them.
+fn in_status(c: &Candidate) -> (String, String, f64, Time) {
+    let since = Timestamp::from_millisecond(c.since_ms).unwrap_or(Timestamp::UNIX_EPOCH);
+    (c.tenant.clone(), c.queue.clone(), c.share, Time(since))
+}
+
+fn from_status(tenant: &str, queue: &str, share: f64, since: &Time) -> Candidate {
+    let (tenant, queue) = (tenant.to_string(), queue.to_string());
+    let since_ms = since.0.as_millisecond();
+    Candidate {
+        tenant,
+        queue,
+        share,
+        since_ms,
+    }
 }
 
 /// A hot tenant as status records it.
 pub fn hot_in_status(c: &Candidate) -> PromotionCandidate {
+    let (tenant, queue, share, hot_since) = in_status(c);
     PromotionCandidate {
-        tenant: c.tenant.clone(),
-        queue: c.queue.clone(),
-        share: c.share,
-        hot_since: time(c.since_ms),
+        tenant,
+        queue,
+        share,
+        hot_since,
     }
 }
 
 /// A cold tenant as status records it.
 pub fn cold_in_status(c: &Candidate) -> DemotionCandidate {
+    let (tenant, queue, share, cold_since) = in_status(c);
     DemotionCandidate {
-        tenant: c.tenant.clone(),
-        queue: c.queue.clone(),
-        share: c.share,
-        cold_since: time(c.since_ms),
+        tenant,
+        queue,
+        share,
+        cold_since,
     }
 }
 
 fn hot_from_status(c: &PromotionCandidate) -> Candidate {
-    Candidate {
-        tenant: c.tenant.clone(),
-        queue: c.queue.clone(),
-        share: c.share,
-        since_ms: c.hot_since.0.as_millisecond(),
-    }
+    from_status(&c.tenant, &c.queue, c.share, &c.hot_since)
 }
 
 fn cold_from_status(c: &DemotionCandidate) -> Candidate {
-    Candidate {
-        tenant: c.tenant.clone(),
-        queue: c.queue.clone(),
-        share: c.share,
-        since_ms: c.cold_since.0.as_millisecond(),
-    }
+    from_status(&c.tenant, &c.queue, c.share, &c.cold_since)
 }
 
 /// Sets measured at once by the promotion loop.

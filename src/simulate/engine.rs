@@ -19,8 +19,8 @@ use anyhow::{bail, Context};
 use super::{Mix, Workload};
 use crate::envelope::Envelope;
 use crate::policy::promotion;
+use crate::policy::QueuePolicy;
 use crate::routing::{hash_shard, QueueId};
-use crate::scheduler::QueuePolicy;
 use crate::store::{ConnectOptions, EnqueueOutcome, Lease, LeaseOutcome, SetId, Store};
 
 /// Virtual time zero, as the scripts see it (ms since the Unix epoch): any

@@ -14,8 +14,8 @@ use tokio::sync::watch;
 use tracing::{info, warn};
 
 use crate::endpoint::Endpoint;
+use crate::policy::retry_delay;
 use crate::routing::QueueId;
-use crate::scheduler::retry_delay;
 use crate::store::{
     Acked, BreakerChange, Failure, Lease, LeaseOutcome, NackOutcome, Store, TtlCache,
 };

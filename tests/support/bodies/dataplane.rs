@@ -6,9 +6,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use lanekeeper::envelope::Envelope;
+use lanekeeper::policy::QueuePolicy;
 use lanekeeper::producer::Producer;
 use lanekeeper::routing::{hash_shard, QueueId};
-use lanekeeper::scheduler::QueuePolicy;
 use lanekeeper::store::{ConnectOptions, EnqueueOutcome, Lease, LeaseOutcome, SetId, Store};
 
 pub const Q: QueueId = QueueId::Shard(0);

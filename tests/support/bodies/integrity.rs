@@ -7,8 +7,8 @@
 use std::time::Duration;
 
 use lanekeeper::envelope::Envelope;
+use lanekeeper::policy::QueuePolicy;
 use lanekeeper::routing::QueueId;
-use lanekeeper::scheduler::QueuePolicy;
 use lanekeeper::store::{keys, EnqueueOutcome, Failure, NackOutcome, Store};
 
 use crate::support::dataplane::{lease, store, LEASE, Q};

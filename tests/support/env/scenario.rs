@@ -7,8 +7,8 @@ use std::time::{Duration, Instant};
 
 use lanekeeper::endpoint::Endpoint;
 use lanekeeper::envelope::Envelope;
+use lanekeeper::policy::QueuePolicy;
 use lanekeeper::routing::QueueId;
-use lanekeeper::scheduler::QueuePolicy;
 use lanekeeper::signing::Secret;
 use lanekeeper::store::{SetId, Store};
 
