@@ -10,6 +10,7 @@ pub mod lane;
 #[cfg(test)]
 mod mock_tests;
 pub mod promotion;
+pub mod relocation;
 pub mod reshard;
 pub mod status;
 

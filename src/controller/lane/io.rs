@@ -8,18 +8,20 @@ use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams};
 use kube::runtime::events::EventType;
 use kube::{Resource, ResourceExt};
-use tracing::warn;
+use tracing::{info, warn};
 
 use crate::crd::{DedicatedLane, DedicatedLaneStatus, LanePhase, ShardSet};
 use crate::routing::QueueId;
+use crate::scheduler::QueuePolicy;
 use crate::store::Store;
 
 use super::super::build::{deployment_name, lane_deployment, FIELD_MANAGER as APPLY_MANAGER};
 use super::super::status::shard_available;
-use super::super::Context;
+use super::super::{relocation, Context};
+use super::step::{Abort, Act, Done, Effect, Facts, Read};
 use super::{
-    admit, conditions, moving, LaneError, LaneSlot, Refusal, CRASH_HOOK_ENV, FIELD_MANAGER,
-    FINALIZER,
+    admit, conditions, has_workers, moving, LaneError, LaneSlot, Refusal, CRASH_HOOK_ENV,
+    FIELD_MANAGER, FINALIZER,
 };
 
 pub(super) fn now() -> Timestamp {
@@ -265,5 +267,115 @@ impl Io<'_> {
             Err(kube::Error::Api(e)) if e.code == 404 => Ok(()),
             Err(e) => Err(e.into()),
         }
+    }
+}
+
+impl Io<'_> {
+    /// What is known without asking anyone (the rest is read on demand).
+    pub(super) fn facts(&self, done: &Done) -> Facts {
+        Facts {
+            status: self.lane.status.clone().unwrap_or_default(),
+            generation: self.lane.metadata.generation,
+            tenant: self.tenant().to_string(),
+            deleting: self.lane.metadata.deletion_timestamp.is_some(),
+            retire: self.lane.spec.retire,
+            from_promotion: self
+                .lane
+                .labels()
+                .get(super::super::promotion::ORIGIN_LABEL)
+                .is_some_and(|v| v == super::super::promotion::ORIGIN_PROMOTION),
+            has_workers: has_workers(&super::super::build::lane_worker(&self.set, &self.lane)),
+            max_lanes: self.set.spec.promotion.max_lanes,
+            drain_timeout: self.set.spec.relocation.drain_timeout(),
+            now: now(),
+            routing: None,
+            source: None,
+            available: None,
+            done: done.clone(),
+        }
+    }
+
+    /// Read the fact a decision asked for.
+    pub(super) async fn read(&self, what: Read, facts: &mut Facts) -> Result<(), LaneError> {
+        match what {
+            Read::Routing => facts.routing = Some(self.store.routing().await?),
+            Read::Source(q) => {
+                facts.source = Some(self.store.tenant_state(q, self.tenant()).await?)
+            }
+            Read::Available(i) => facts.available = Some(self.deployment_available(i).await?),
+        }
+        Ok(())
+    }
+
+    /// Carry out a step's effects in order, then write its status.
+    pub(super) async fn act(&mut self, act: &Act, done: &mut Done) -> Result<(), LaneError> {
+        let name = self.lane.name_any();
+        let tenant = self.tenant().to_string();
+        for effect in &act.effects {
+            match effect {
+                Effect::ApplyDeployment(i) => {
+                    self.apply_deployment(*i).await?;
+                    done.applied = true;
+                }
+                Effect::DeleteDeployment(i) => self.delete_deployment(*i).await?,
+                Effect::ConfigureQueue(q) => {
+                    self.store
+                        .configure_queue(*q, &QueuePolicy::from_spec(&self.set.spec))
+                        .await?
+                }
+                Effect::BeginMove(i) => {
+                    done.gate = Some(self.store.lane_move_begin(*i, &name).await?);
+                }
+                Effect::EndMove(i) => self.store.lane_move_end(*i, &name).await?,
+                Effect::Admit(st) => {
+                    let mut st = (**st).clone();
+                    done.admission = Some(self.admit(&mut st).await?);
+                }
+                Effect::Pause(q) => self.store.pause(*q, &tenant).await?,
+                Effect::Resume(q) => {
+                    self.store.resume(*q, &tenant).await?;
+                }
+                Effect::Abort { from, why } => {
+                    relocation::abort(&self.store, *from, &tenant).await?;
+                    if let Abort::DrainTimeout { attempts } = why {
+                        warn!(lane = %name, %tenant, from = %from, attempts, "drain timed out; resumed in place");
+                    }
+                }
+                Effect::Pin(q) => {
+                    self.store.pin(&tenant, *q).await?;
+                }
+                Effect::Unpin => {
+                    self.store.unpin(&tenant).await?;
+                }
+                Effect::HandOver { from, to } => {
+                    let marked = relocation::hand_over(&self.store, &tenant, *from, *to).await?;
+                    done.marked = Some(marked);
+                }
+                Effect::RestorePin(lane_q) => {
+                    warn!(lane = %name, %tenant, "the routing table lost this Active lane's pin: pinning the tenant to its lane again");
+                    self.store.pin(&tenant, *lane_q).await?;
+                    self.event(
+                        EventType::Warning,
+                        "Repinned",
+                        format!("{tenant} was not pinned to {lane_q} in the routing table; pinned again"),
+                    )
+                    .await;
+                }
+                Effect::DeleteLane => {
+                    info!(lane = %name, "retired lane made by promotion: deleting it");
+                    match self.lanes.delete(&name, &DeleteParams::default()).await {
+                        Ok(_) => {}
+                        Err(kube::Error::Api(e)) if e.code == 404 => {}
+                        Err(e) => return Err(e.into()),
+                    }
+                }
+                Effect::Info(line) => info!(lane = %name, %tenant, "{line}"),
+                Effect::CrashHook(phase) => crash_hook(*phase),
+            }
+        }
+        if let Some(r) = &act.record {
+            self.write(&r.status, r.refusal.as_ref()).await?;
+        }
+        Ok(())
     }
 }

@@ -4,18 +4,13 @@
 
 use std::time::Duration;
 
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use k8s_openapi::jiff::Timestamp;
 
 use crate::crd::{DedicatedLane, DedicatedLaneStatus, LanePhase, MAX_LANES};
 use crate::routing::QueueId;
 
 use super::super::status::condition;
-
-/// Longest pause between two drain attempts after `DrainTimeout`s.
-pub const MAX_DRAIN_BACKOFF: Duration = Duration::from_secs(600);
-/// Shortest pause between two drain attempts: each abort records an Event.
-pub const MIN_DRAIN_BACKOFF: Duration = Duration::from_secs(5);
 
 /// Why a lane has no index.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -74,45 +69,6 @@ pub fn admit(me: &str, lanes: &[LaneSlot], max_lanes: i32) -> Result<i32, Refusa
         used: used.len(),
         max: max as usize,
     })
-}
-
-/// What a drain check concludes.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Drain {
-    Drained,
-    Wait,
-    /// Past the drain timeout: resume in place and retry later.
-    Abort,
-}
-
-/// Is the paused source drained, still draining, or past its timeout? Pure.
-pub fn drain_verdict(
-    drained: bool,
-    paused_at: Option<&Time>,
-    now: Timestamp,
-    timeout: Duration,
-) -> Drain {
-    if drained {
-        return Drain::Drained;
-    }
-    let waited = paused_at
-        .map(|t| (now.as_millisecond() - t.0.as_millisecond()).max(0) as u64)
-        .unwrap_or(0);
-    if Duration::from_millis(waited) >= timeout {
-        Drain::Abort
-    } else {
-        Drain::Wait
-    }
-}
-
-/// Wait before drain attempt `attempts + 1`: the drain timeout, doubling per
-/// aborted attempt, at least [`MIN_DRAIN_BACKOFF`] and at most
-/// [`MAX_DRAIN_BACKOFF`]. Pure.
-pub fn drain_backoff(timeout: Duration, attempts: i32) -> Duration {
-    let factor = 2u32.saturating_pow(attempts.saturating_sub(1).clamp(0, 16) as u32);
-    timeout
-        .saturating_mul(factor)
-        .clamp(MIN_DRAIN_BACKOFF, MAX_DRAIN_BACKOFF)
 }
 
 /// Does this move go onto a lane (promotion) or back to a shard (retirement)?
@@ -370,6 +326,8 @@ pub fn summary(set: &str, lanes: &[DedicatedLane]) -> (i32, bool) {
 
 #[cfg(test)]
 mod tests {
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+
     use super::*;
 
     fn slot(name: &str, tenant: &str, index: Option<i32>, created: i64) -> LaneSlot {
@@ -554,34 +512,6 @@ mod tests {
             admission_retry(Duration::from_secs(86_400)),
             Duration::from_secs(300)
         );
-    }
-
-    #[test]
-    fn drain_verdicts_and_backoff() {
-        let t0 = Timestamp::from_second(1_000).unwrap();
-        let paused = Time(t0);
-        let at = |s: i64| Timestamp::from_second(1_000 + s).unwrap();
-        let timeout = Duration::from_secs(10);
-        assert_eq!(
-            drain_verdict(true, Some(&paused), at(100), timeout),
-            Drain::Drained
-        );
-        assert_eq!(
-            drain_verdict(false, Some(&paused), at(9), timeout),
-            Drain::Wait
-        );
-        assert_eq!(
-            drain_verdict(false, Some(&paused), at(10), timeout),
-            Drain::Abort
-        );
-        assert_eq!(drain_backoff(timeout, 1), Duration::from_secs(10));
-        assert_eq!(drain_backoff(timeout, 2), Duration::from_secs(20));
-        assert_eq!(drain_backoff(timeout, 3), Duration::from_secs(40));
-        assert_eq!(drain_backoff(timeout, 30), MAX_DRAIN_BACKOFF);
-        // A tiny timeout (stored before the CEL floor) still waits the floor.
-        let tiny = Duration::from_nanos(1);
-        assert_eq!(drain_backoff(tiny, 1), MIN_DRAIN_BACKOFF);
-        assert_eq!(drain_backoff(tiny, 40), MIN_DRAIN_BACKOFF);
     }
 
     #[test]
