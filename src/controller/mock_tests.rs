@@ -31,7 +31,7 @@ spec:
     s
 }
 
-fn api_error(code: StatusCode, reason: &str) -> Response<Body> {
+pub(super) fn api_error(code: StatusCode, reason: &str) -> Response<Body> {
     let status = serde_json::json!({
         "kind": "Status", "apiVersion": "v1", "status": "Failure",
         "message": format!("mock says {reason}"), "reason": reason, "code": code.as_u16(),
@@ -43,14 +43,14 @@ fn api_error(code: StatusCode, reason: &str) -> Response<Body> {
         .unwrap()
 }
 
-fn ctx() -> (Arc<Context>, Handle<Request<Body>, Response<Body>>) {
+pub(super) fn ctx() -> (Arc<Context>, Handle<Request<Body>, Response<Body>>) {
     let (svc, handle) = mock::pair::<Request<Body>, Response<Body>>();
     let client = Client::new(svc, "default");
     (Arc::new(Context::new(client, Default::default())), handle)
 }
 
 /// Answer the next request, checking its method and path.
-async fn expect(
+pub(super) async fn expect(
     handle: &mut Handle<Request<Body>, Response<Body>>,
     method: Method,
     path_end: &str,

@@ -22,6 +22,8 @@
 //! with reason `DrainTimeout`, and the move is retried after a backoff.
 
 mod io;
+#[cfg(test)]
+mod mock_tests;
 mod rules;
 mod step;
 #[cfg(test)]

@@ -302,15 +302,10 @@ pub fn next_step(f: &Facts) -> Step {
             )
         }
         LanePhase::Pausing => {
-            let (Some(from), Some(_)) = (source, target) else {
-                st.phase = LanePhase::Pending;
-                return act(Vec::new(), Some(st), Then::Next);
+            let from = match before_the_mark(&st, source, target, want_out) {
+                Ok(from) => from,
+                Err(step) => return step,
             };
-            if want_out && promoting(&st) {
-                st.phase = LanePhase::Pending;
-                let why = Abort::Retire;
-                return act(vec![Effect::Abort { from, why }], Some(st), Then::Next);
-            }
             st.paused_at = Some(Time(f.now));
             st.phase = LanePhase::Draining;
             act(
@@ -320,16 +315,10 @@ pub fn next_step(f: &Facts) -> Step {
             )
         }
         LanePhase::Draining => {
-            let (Some(from), Some(_)) = (source, target) else {
-                st.phase = LanePhase::Pending;
-                return act(Vec::new(), Some(st), Then::Next);
+            let from = match before_the_mark(&st, source, target, want_out) {
+                Ok(from) => from,
+                Err(step) => return step,
             };
-            if want_out && promoting(&st) {
-                st.phase = LanePhase::Pending;
-                st.paused_at = None;
-                let why = Abort::Retire;
-                return act(vec![Effect::Abort { from, why }], Some(st), Then::Next);
-            }
             let Some(state) = &f.source else {
                 return Step::Read(Read::Source(from));
             };
@@ -512,6 +501,32 @@ pub fn next_step(f: &Facts) -> Step {
             act(effects, stale.then_some(st), Then::AwaitChange)
         }
     }
+}
+
+/// `Pausing` and `Draining` start alike: the source to pause or drain, or,
+/// without recorded queues, start over from `Pending`; and a retire (or
+/// deletion) during a promotion backs out of it, resumed in its source
+/// (`Draining` forgets its pause too).
+fn before_the_mark(
+    st: &DedicatedLaneStatus,
+    source: Option<QueueId>,
+    target: Option<QueueId>,
+    want_out: bool,
+) -> Result<QueueId, Step> {
+    let mut st = st.clone();
+    let (Some(from), Some(_)) = (source, target) else {
+        st.phase = LanePhase::Pending;
+        return Err(act(Vec::new(), Some(st), Then::Next));
+    };
+    if want_out && promoting(&st) {
+        if st.phase == LanePhase::Draining {
+            st.paused_at = None;
+        }
+        st.phase = LanePhase::Pending;
+        let why = Abort::Retire;
+        return Err(act(vec![Effect::Abort { from, why }], Some(st), Then::Next));
+    }
+    Ok(from)
 }
 
 /// A reshard holds the gate: say so once, look again in 2 s.

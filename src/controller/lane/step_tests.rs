@@ -97,6 +97,14 @@ fn retiring(phase: LanePhase) -> Facts {
     f
 }
 
+/// `Pending`, admitted to lane 2, the gate taken.
+fn gate_taken() -> Facts {
+    let mut f = facts(LanePhase::Pending);
+    f.status.lane_index = Some(2);
+    f.done.gate = Some(true);
+    f
+}
+
 fn table(pins: &[(&str, QueueId)]) -> RoutingTable {
     RoutingTable {
         shards: 4,
@@ -132,6 +140,12 @@ fn act(step: Step) -> Act {
 /// The status an act records (it must record one).
 fn recorded(a: &Act) -> &DedicatedLaneStatus {
     &a.record.as_ref().expect("a status to record").status
+}
+
+/// The act carries out exactly `effects`; the status it records.
+fn does(a: &Act, effects: Vec<Effect>) -> &DedicatedLaneStatus {
+    assert_eq!(a.effects, effects);
+    recorded(a)
 }
 
 const LANE: QueueId = QueueId::Lane(2);
@@ -174,9 +188,7 @@ fn pending_promotes_through_admission_gate_and_table() {
 
 #[test]
 fn pending_pinned_to_its_lane_already_finishes_the_move() {
-    let mut f = facts(LanePhase::Pending);
-    f.status.lane_index = Some(2);
-    f.done.gate = Some(true);
+    let mut f = gate_taken();
     f.routing = Some(table(&[(TENANT, LANE)]));
     let a = act(next_step(&f));
     let st = recorded(&a);
@@ -272,9 +284,7 @@ fn a_reshard_holding_the_gate_makes_the_lane_wait() {
 
 #[test]
 fn no_routing_table_waits_for_the_set() {
-    let mut pending = facts(LanePhase::Pending);
-    pending.status.lane_index = Some(2);
-    pending.done.gate = Some(true);
+    let mut pending = gate_taken();
     let mut active = promoting(LanePhase::Active);
     for f in [&mut pending, &mut active] {
         f.routing = Some(RoutingTable::default());
@@ -286,9 +296,7 @@ fn no_routing_table_waits_for_the_set() {
 
 #[test]
 fn a_tenant_a_reshard_is_moving_is_left_to_it() {
-    let mut f = facts(LanePhase::Pending);
-    f.status.lane_index = Some(2);
-    f.done.gate = Some(true);
+    let mut f = gate_taken();
     f.routing = Some(table(&[(TENANT, QueueId::Shard(3))]));
     let a = act(next_step(&f));
     assert_eq!(a.effects, vec![Effect::EndMove(2)]);
@@ -367,11 +375,8 @@ fn pausing_pauses_and_starts_the_drain_clock() {
         (retiring(LanePhase::Pausing), LANE),
     ] {
         let a = act(next_step(&f));
-        assert_eq!(
-            a.effects,
-            vec![Effect::Pause(from), Effect::CrashHook(LanePhase::Pausing)]
-        );
-        let st = recorded(&a);
+        let pause = vec![Effect::Pause(from), Effect::CrashHook(LanePhase::Pausing)];
+        let st = does(&a, pause);
         assert_eq!(st.phase, LanePhase::Draining);
         assert_eq!(st.paused_at, Some(Time(at(0))));
     }
@@ -441,19 +446,21 @@ fn draining_waits_then_repins() {
     assert_eq!((st.phase, st.held_envelopes), (LanePhase::Repinning, 4));
 }
 
+/// `f` (`Draining`) paused a minute ago and not drained: the act resumes
+/// the tenant in `from`, as its first drain timeout.
+fn timed_out(f: &mut Facts, from: QueueId) -> Act {
+    f.status.paused_at = Some(Time(at(-60)));
+    f.source = Some(state(3, 1));
+    let a = act(next_step(f));
+    let why = Abort::DrainTimeout { attempts: 1 };
+    assert_eq!(a.effects, vec![Effect::Abort { from, why }]);
+    a
+}
+
 #[test]
 fn a_drain_timeout_backs_out_with_a_growing_wait() {
     let mut f = promoting(LanePhase::Draining);
-    f.status.paused_at = Some(Time(at(-10)));
-    f.source = Some(state(3, 1));
-    let a = act(next_step(&f));
-    assert_eq!(
-        a.effects,
-        vec![Effect::Abort {
-            from: SHARD,
-            why: Abort::DrainTimeout { attempts: 1 }
-        }]
-    );
+    let a = timed_out(&mut f, SHARD);
     let st = recorded(&a);
     assert_eq!(st.phase, LanePhase::Pending);
     assert_eq!(st.drain_attempts, 1);
@@ -469,16 +476,7 @@ fn a_drain_timeout_backs_out_with_a_growing_wait() {
 
     // Retiring: back on the lane it never left.
     let mut f = retiring(LanePhase::Draining);
-    f.status.paused_at = Some(Time(at(-60)));
-    f.source = Some(state(1, 0));
-    let a = act(next_step(&f));
-    assert_eq!(
-        a.effects,
-        vec![Effect::Abort {
-            from: LANE,
-            why: Abort::DrainTimeout { attempts: 1 }
-        }]
-    );
+    let a = timed_out(&mut f, LANE);
     let st = recorded(&a);
     assert_eq!(st.phase, LanePhase::Active);
     assert_eq!(
@@ -525,11 +523,8 @@ fn scaling_waits_for_the_lane_then_resumes() {
     assert_eq!(act(next_step(&f)).then, Then::Requeue(POLL));
     f.available = Some(true);
     let a = act(next_step(&f));
-    assert_eq!(
-        a.effects,
-        vec![Effect::Resume(LANE), Effect::CrashHook(LanePhase::Scaling)]
-    );
-    let st = recorded(&a);
+    let resume = vec![Effect::Resume(LANE), Effect::CrashHook(LanePhase::Scaling)];
+    let st = does(&a, resume);
     assert_eq!(st.phase, LanePhase::Active);
     assert_eq!(st.active_since, Some(Time(at(0))));
     assert_eq!((st.drain_attempts, st.paused_at.clone()), (0, None));
