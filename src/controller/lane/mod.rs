@@ -20,6 +20,12 @@
 //! A drain that outlasts `relocation.drainTimeout` is aborted: the tenant is
 //! resumed where it was (hold buffer appended in order), `Relocating=False`
 //! with reason `DrainTimeout`, and the move is retried after a backoff.
+//!
+//! Layout: `step.rs` decides (the pure [`next_step`] over [`Facts`]),
+//! `io.rs` reads the facts and carries the steps out, `rules.rs` holds the
+//! pure rules (admission, conditions, the cap); this file runs the
+//! controller, one reconcile and the step loop. The move itself is the
+//! protocol in `controller::relocation`, shared with reshards.
 
 mod io;
 #[cfg(test)]

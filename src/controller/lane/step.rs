@@ -76,7 +76,7 @@ pub enum Step {
     Read(Read),
     /// Carry out the effects in order, then write `record` (if any), then
     /// go on as `then` says.
-    Act(Act),
+    Act(Box<Act>),
     /// A status that cannot be (the reconcile fails and is retried).
     Fail(&'static str),
 }
@@ -163,14 +163,14 @@ pub enum Effect {
 }
 
 fn act(effects: Vec<Effect>, record: Option<DedicatedLaneStatus>, then: Then) -> Step {
-    Step::Act(Act {
+    Step::Act(Box::new(Act {
         effects,
         record: record.map(|status| Record {
             status,
             refusal: None,
         }),
         then,
-    })
+    }))
 }
 
 fn wait(d: Duration) -> Step {
@@ -243,14 +243,14 @@ pub fn next_step(f: &Facts) -> Step {
             }
             if !f.has_workers {
                 // Nobody would serve the tenant on the lane: it stays put.
-                return Step::Act(Act {
+                return Step::Act(Box::new(Act {
                     effects: Vec::new(),
                     record: Some(Record {
                         status: st,
                         refusal: Some(Refusal::NoWorkers),
                     }),
                     then: Then::Requeue(Duration::from_secs(10)),
-                });
+                }));
             }
             let index = st.lane_index.unwrap_or(0);
             let lane_q = QueueId::Lane(index as u8);

@@ -132,7 +132,7 @@ fn state(queued: u64, held: u64) -> TenantQueueState {
 
 fn act(step: Step) -> Act {
     match step {
-        Step::Act(a) => a,
+        Step::Act(a) => *a,
         other => panic!("expected an act, got {other:?}"),
     }
 }
