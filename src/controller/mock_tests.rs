@@ -69,6 +69,22 @@ pub(super) async fn expect(
     send.send_response(response);
 }
 
+/// The condition of type `type_` in a status patch.
+pub(super) fn condition_in(patch: &serde_json::Value, type_: &str) -> serde_json::Value {
+    let conditions = patch["status"]["conditions"].as_array().unwrap();
+    let found = conditions.iter().find(|c| c["type"] == type_);
+    found
+        .unwrap_or_else(|| panic!("no {type_} in {patch}"))
+        .clone()
+}
+
+/// The reconcile error metric counts one error of `kind`.
+pub(super) fn counted_once(ctx: &Context, kind: &str) {
+    let text = crate::telemetry::Encode::encode(&ctx.metrics);
+    let line = format!("lanekeeper_reconcile_errors_total{{kind=\"{kind}\"}} 1");
+    assert!(text.contains(&line), "{text}");
+}
+
 /// Answer the lists a reconcile starts with (shard Deployments, lanes): none.
 async fn expect_empty_lists(handle: &mut Handle<Request<Body>, Response<Body>>) {
     for (path_end, kind) in [
@@ -143,11 +159,7 @@ async fn server_errors_are_transient_not_fatal() {
         error_policy(set, &err, ctx.clone()),
         Action::requeue(Duration::from_secs(2))
     );
-    let text = crate::telemetry::Encode::encode(&ctx.metrics);
-    assert!(
-        text.contains(r#"lanekeeper_reconcile_errors_total{kind="kube"} 1"#),
-        "{text}"
-    );
+    counted_once(&ctx, "kube");
 }
 
 #[tokio::test]
@@ -188,13 +200,7 @@ async fn an_unservable_spec_is_degraded_and_waits_for_a_change() {
             .unwrap()
             .to_bytes();
         let patch: serde_json::Value = serde_json::from_slice(&body).unwrap();
-        let degraded = patch["status"]["conditions"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .find(|c| c["type"] == "Degraded")
-            .unwrap()
-            .clone();
+        let degraded = condition_in(&patch, "Degraded");
         assert_eq!(degraded["status"], "True");
         assert_eq!(degraded["reason"], "InvalidSpec");
         assert_eq!(patch["status"]["observedGeneration"], 3);

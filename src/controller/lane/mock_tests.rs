@@ -10,7 +10,7 @@ use kube::client::Body;
 use kube::runtime::controller::Action;
 use tower_test::mock::Handle;
 
-use super::super::mock_tests::{api_error, ctx, expect};
+use super::super::mock_tests::{api_error, condition_in, counted_once, ctx, expect};
 use super::*;
 
 type Server = Handle<Request<Body>, Response<Body>>;
@@ -57,6 +57,25 @@ async fn body_of(
     serde_json::from_slice(&body).unwrap()
 }
 
+/// The reconcile reads the lane fresh (not from its cache): answer `lane`.
+async fn fresh_read(handle: &mut Server, lane: &DedicatedLane) {
+    expect(handle, Method::GET, "/dedicatedlanes/whale", json(lane)).await;
+}
+
+/// The lane is read fresh, its set is not found, and the next request
+/// patches `LANES` + `path`: its body (answered with `lane`).
+async fn without_its_set(
+    handle: &mut Server,
+    lane: &DedicatedLane,
+    path: &str,
+) -> serde_json::Value {
+    fresh_read(handle, lane).await;
+    let gone = api_error(StatusCode::NOT_FOUND, "NotFound");
+    expect(handle, Method::GET, "/shardsets/hooks", gone).await;
+    let path = format!("{LANES}{path}");
+    body_of(handle, Method::PATCH, &path, json(lane)).await
+}
+
 async fn run(lane: DedicatedLane, ctx: Arc<Context>) -> Result<Action, LaneError> {
     tokio::time::timeout(Duration::from_secs(10), reconcile(&lane, &ctx))
         .await
@@ -67,30 +86,9 @@ async fn run(lane: DedicatedLane, ctx: Arc<Context>) -> Result<Action, LaneError
 async fn a_lane_whose_set_does_not_exist_fails_and_says_why() {
     let (ctx, mut handle) = ctx();
     let server = tokio::spawn(async move {
-        expect(
-            &mut handle,
-            Method::GET,
-            "/dedicatedlanes/whale",
-            json(&lane()),
-        )
-        .await;
-        let gone = api_error(StatusCode::NOT_FOUND, "NotFound");
-        expect(&mut handle, Method::GET, "/shardsets/hooks", gone).await;
-        let patch = body_of(
-            &mut handle,
-            Method::PATCH,
-            &format!("{LANES}/whale/status"),
-            json(&lane()),
-        )
-        .await;
+        let patch = without_its_set(&mut handle, &lane(), "/whale/status").await;
         assert_eq!(patch["status"]["phase"], "Failed");
-        let admitted = patch["status"]["conditions"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .find(|c| c["type"] == "Admitted")
-            .unwrap()
-            .clone();
+        let admitted = condition_in(&patch, "Admitted");
         assert_eq!(
             (&admitted["status"], &admitted["reason"]),
             (&"False".into(), &"ShardSetNotFound".into())
@@ -111,22 +109,7 @@ async fn a_deleted_lane_whose_set_is_gone_drops_its_finalizer() {
     );
     let fresh = deleted.clone();
     let server = tokio::spawn(async move {
-        expect(
-            &mut handle,
-            Method::GET,
-            "/dedicatedlanes/whale",
-            json(&fresh),
-        )
-        .await;
-        let gone = api_error(StatusCode::NOT_FOUND, "NotFound");
-        expect(&mut handle, Method::GET, "/shardsets/hooks", gone).await;
-        let patch = body_of(
-            &mut handle,
-            Method::PATCH,
-            &format!("{LANES}/whale"),
-            json(&fresh),
-        )
-        .await;
+        let patch = without_its_set(&mut handle, &fresh, "/whale").await;
         assert_eq!(patch["metadata"]["finalizers"], serde_json::json!([]));
     });
     let action = run(deleted, ctx).await.unwrap();
@@ -147,13 +130,7 @@ async fn a_lane_of_a_set_being_deleted_is_left_alone() {
     }))
     .unwrap();
     let server = tokio::spawn(async move {
-        expect(
-            &mut handle,
-            Method::GET,
-            "/dedicatedlanes/whale",
-            json(&lane()),
-        )
-        .await;
+        fresh_read(&mut handle, &lane()).await;
         let (req, send) = handle.next_request().await.unwrap();
         assert_eq!(req.uri().path(), format!("{SETS}/hooks"));
         send.send_response(json(&set));
@@ -180,9 +157,5 @@ async fn an_api_error_is_counted_as_the_lanes_and_retried() {
         error_policy(obj, &err, ctx.clone()),
         Action::requeue(Duration::from_secs(2))
     );
-    let text = crate::telemetry::Encode::encode(&ctx.metrics);
-    assert!(
-        text.contains(r#"lanekeeper_reconcile_errors_total{kind="lane_kube"} 1"#),
-        "{text}"
-    );
+    counted_once(&ctx, "lane_kube");
 }
