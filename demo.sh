@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The local demo: a local Redis and control plane, the CRDs, a ShardSet, the
 # controller, workers, ingest and a webhook receiver, playing a 200,000-record
-# import against a dozen tenants' password resets (see examples/demo.rs).
+# import against a dozen tenants' password resets (see examples/demo/).
 # Needs what the tests need: cargo, Go (first run builds the control plane),
 # redis-server and kubectl. Ctrl-C stops everything it started.
 # As root on Debian or Ubuntu, a missing redis-server is installed with

@@ -2,10 +2,13 @@
 //! enqueue it, following MOVED answers. The ingest API builds on this.
 
 use std::collections::BTreeMap;
-use std::time::Duration;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use tokio::sync::RwLock;
 
 use crate::envelope::Envelope;
-use crate::routing::{QueueId, RoutingCache};
+use crate::routing::{QueueId, RoutingTable};
 use crate::store::{EnqueueOutcome, Result, Store, StoreError};
 
 /// Routes and enqueues envelopes for one ShardSet.
@@ -199,4 +202,42 @@ async fn replicated(
             }),
         })
         .collect()
+}
+
+/// A routing table read through from Redis and kept for a short TTL.
+pub struct RoutingCache {
+    store: Store,
+    ttl: Duration,
+    cached: RwLock<Option<(Arc<RoutingTable>, Instant)>>,
+}
+
+impl RoutingCache {
+    pub fn new(store: Store, ttl: Duration) -> Self {
+        Self {
+            store,
+            ttl,
+            cached: RwLock::new(None),
+        }
+    }
+
+    /// The table, from cache while it is younger than the TTL.
+    pub async fn table(&self) -> Result<Arc<RoutingTable>, StoreError> {
+        if let Some((table, at)) = self.cached.read().await.as_ref() {
+            if at.elapsed() < self.ttl {
+                return Ok(table.clone());
+            }
+        }
+        self.refresh().await
+    }
+
+    /// Read the table from Redis now (after a MOVED answer, say).
+    pub async fn refresh(&self) -> Result<Arc<RoutingTable>, StoreError> {
+        let table = Arc::new(self.store.routing().await?);
+        *self.cached.write().await = Some((table.clone(), Instant::now()));
+        Ok(table)
+    }
+
+    pub fn store(&self) -> &Store {
+        &self.store
+    }
 }

@@ -1,20 +1,19 @@
 //! Which queue a tenant's envelopes go to: rendezvous (highest random weight)
 //! hashing with blake2b over a fixed shard count, with pins that override it.
 //!
-//! The table (shard count, pins, version) lives in Redis (see
-//! [`crate::store::Store::routing`]); [`RoutingCache`] keeps a copy for a
-//! short TTL. A stale copy cannot break order: the enqueue script answers
-//! MOVED when the tenant has left a queue, and the caller refreshes.
+//! Pure: the table (shard count, pins, version) lives in Redis (the store
+//! reads and writes it), and producers keep a copy for a short TTL
+//! (`producer::RoutingCache`). A stale copy cannot break order: the enqueue
+//! script answers MOVED when the tenant has left a queue, and the caller
+//! refreshes.
 
 use std::collections::BTreeMap;
 use std::fmt;
 use std::str::FromStr;
-use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use blake2::digest::consts::U8;
 use blake2::{Blake2b, Digest};
-use tokio::sync::RwLock;
 
 /// A queue of a ShardSet: a hash shard or a dedicated lane.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -41,6 +40,8 @@ pub struct BadQueueName(pub String);
 
 /// Dedicated lanes per ShardSet at most: `lane-0` to `lane-7`.
 pub const MAX_LANES: u8 = 8;
+/// Shards per ShardSet at most: `shard-00` to `shard-1023`.
+pub const MAX_SHARDS: u16 = 1024;
 
 impl FromStr for QueueId {
     type Err = BadQueueName;
@@ -48,7 +49,7 @@ impl FromStr for QueueId {
         let bad = || BadQueueName(s.to_string());
         if let Some(n) = s.strip_prefix("shard-") {
             let n: u16 = n.parse().map_err(|_| bad())?;
-            return if n < 1024 {
+            return if n < MAX_SHARDS {
                 Ok(QueueId::Shard(n))
             } else {
                 Err(bad())
@@ -124,44 +125,6 @@ impl RoutingTable {
             .get(tenant)
             .copied()
             .unwrap_or_else(|| hash_shard(tenant, self.shards))
-    }
-}
-
-/// A routing table read through from Redis and kept for a short TTL.
-pub struct RoutingCache {
-    store: crate::store::Store,
-    ttl: Duration,
-    cached: RwLock<Option<(Arc<RoutingTable>, Instant)>>,
-}
-
-impl RoutingCache {
-    pub fn new(store: crate::store::Store, ttl: Duration) -> Self {
-        Self {
-            store,
-            ttl,
-            cached: RwLock::new(None),
-        }
-    }
-
-    /// The table, from cache while it is younger than the TTL.
-    pub async fn table(&self) -> Result<Arc<RoutingTable>, crate::store::StoreError> {
-        if let Some((table, at)) = self.cached.read().await.as_ref() {
-            if at.elapsed() < self.ttl {
-                return Ok(table.clone());
-            }
-        }
-        self.refresh().await
-    }
-
-    /// Read the table from Redis now (after a MOVED answer, say).
-    pub async fn refresh(&self) -> Result<Arc<RoutingTable>, crate::store::StoreError> {
-        let table = Arc::new(self.store.routing().await?);
-        *self.cached.write().await = Some((table.clone(), Instant::now()));
-        Ok(table)
-    }
-
-    pub fn store(&self) -> &crate::store::Store {
-        &self.store
     }
 }
 

@@ -552,6 +552,25 @@ fn encode_registry(registry: &Registry) -> String {
     out
 }
 
+/// The `/metrics` route of every component: `metrics` in the OpenMetrics
+/// text format.
+pub fn metrics_route<S: Clone + Send + Sync + 'static>(
+    metrics: impl Encode,
+) -> axum::routing::MethodRouter<S> {
+    axum::routing::get(move || {
+        let m = metrics.clone();
+        async move {
+            (
+                [(
+                    "content-type",
+                    "application/openmetrics-text; version=1.0.0; charset=utf-8",
+                )],
+                m.encode(),
+            )
+        }
+    })
+}
+
 /// Serve `/metrics`, `/healthz` and `/readyz` on `addr` until `shutdown` resolves.
 pub async fn serve(
     addr: SocketAddr,
@@ -560,21 +579,7 @@ pub async fn serve(
 ) -> std::io::Result<SocketAddr> {
     use axum::routing::get;
     let app = axum::Router::new()
-        .route(
-            "/metrics",
-            get(move || {
-                let m = metrics.clone();
-                async move {
-                    (
-                        [(
-                            "content-type",
-                            "application/openmetrics-text; version=1.0.0; charset=utf-8",
-                        )],
-                        m.encode(),
-                    )
-                }
-            }),
-        )
+        .route("/metrics", metrics_route(metrics))
         .route("/healthz", get(|| async { "ok" }))
         .route("/readyz", get(|| async { "ok" }));
     let listener = tokio::net::TcpListener::bind(addr).await?;

@@ -5,12 +5,15 @@
 
 mod support;
 
+#[path = "../examples/demo/scenario.rs"]
+mod scenario;
+
 use std::time::Duration;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_shortened_demo_delivers_the_import_and_keeps_the_resets_fast() {
     let chart = support::process::scratch_dir("demo").join("shops-wait.svg");
-    let cfg = support::demo::Config {
+    let cfg = scenario::Config {
         import: 6_000,
         import_pace: Duration::from_millis(200),
         small_tenants: 6,
@@ -18,7 +21,7 @@ async fn a_shortened_demo_delivers_the_import_and_keeps_the_resets_fast() {
         give_up: Duration::from_secs(180),
         chart: chart.clone(),
     };
-    let s = support::demo::run(cfg).await;
+    let s = scenario::run(cfg).await;
     assert_eq!(s.whale_delivered, 6_000, "{s:?}");
     assert!(s.resets_posted > 0, "{s:?}");
     assert_eq!(s.bad_signatures, 0, "{s:?}");

@@ -166,6 +166,63 @@ fn err_field(v: &Value) -> &str {
     v["field"].as_str().unwrap_or("")
 }
 
+/// Every route of the API's one route list (`ROUTES`, which the router is
+/// built from) refuses a caller without a key (401), a key of another
+/// tenant (403, with nothing written), and, for `/v1/tenants/{tenant}/...`,
+/// an invalid tenant even with the admin key (400 naming `tenant`): a tenant
+/// handler written without the `Tenant` extractor fails here.
+#[tokio::test]
+async fn every_route_refuses_a_caller_without_a_key_or_for_another_tenant() {
+    let a = api(Config::default()).await;
+    assert_eq!(lanekeeper::ingest::ROUTES.len(), 9);
+    for (method, path) in lanekeeper::ingest::ROUTES.iter() {
+        let m = reqwest::Method::from_bytes(method.to_uppercase().as_bytes()).unwrap();
+        let body = match (*method, path.as_str()) {
+            (_, "/v1/events") => Some(json!({"tenant": "acme", "payload": {}})),
+            (_, "/v1/events:batch") => Some(json!([{"tenant": "acme", "payload": {}}])),
+            ("put", _) => Some(json!({"url": "https://acme.example/hook"})),
+            ("post", _) => Some(json!({})),
+            _ => None,
+        };
+        let at = |tenant: &str| {
+            path.replace("{tenant}", tenant)
+                .replace("{endpoint}", "default")
+        };
+        let (s, v, _) = a.call(m.clone(), &at("acme"), None, body.clone()).await;
+        assert_eq!(
+            s,
+            StatusCode::UNAUTHORIZED,
+            "{method} {path} without a key: {v}"
+        );
+        assert_eq!(v["code"], "unauthorized", "{method} {path}: {v}");
+        let (s, v, _) = a
+            .call(m.clone(), &at("acme"), Some(&a.globex), body.clone())
+            .await;
+        if path == "/v1/events:batch" {
+            assert_eq!(s, StatusCode::OK, "{method} {path}: {v}");
+            assert_eq!(v["items"][0]["status"], 403, "{method} {path}: {v}");
+        } else {
+            assert_eq!(
+                s,
+                StatusCode::FORBIDDEN,
+                "{method} {path} for another tenant: {v}"
+            );
+            assert_eq!(v["code"], "forbidden", "{method} {path}: {v}");
+        }
+        if path.contains("{tenant}") {
+            let (s, v, _) = a.call(m, &at("-acme"), Some(&a.admin), body).await;
+            assert_eq!(
+                s,
+                StatusCode::BAD_REQUEST,
+                "{method} {path} for tenant -acme: {v}"
+            );
+            assert_eq!(err_field(&v), "tenant", "{method} {path}: {v}");
+        }
+    }
+    // Nothing of it was written.
+    assert!(a.store.endpoints("acme").await.unwrap().is_empty());
+}
+
 #[tokio::test]
 async fn events_are_validated_authorized_and_enqueued() {
     let a = api(Config {

@@ -13,8 +13,10 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta, 
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kube::Resource;
 
+use crate::crd::conditions;
 use crate::crd::{DedicatedLane, SecretKeyRef, ShardSet, WorkerOverrides, WorkerTemplate};
 use crate::routing::QueueId;
+use crate::worker::env as worker_env;
 
 /// The field manager of every object and status the controller writes.
 pub const FIELD_MANAGER: &str = "lanekeeper-controller";
@@ -75,7 +77,7 @@ pub struct PolicyViolation {
 
 /// Environment variable names the controller sets on workers itself.
 pub fn controller_env_name(name: &str) -> bool {
-    name.to_ascii_uppercase().starts_with("LANEKEEPER_") || name == "POD_NAME"
+    name.to_ascii_uppercase().starts_with(worker_env::PREFIX) || name == worker_env::POD_NAME
 }
 
 /// Environment variable names that route deliveries through a proxy.
@@ -116,7 +118,7 @@ pub fn enforce_worker_policy(
         {
             return Err(refuse(
                 "spec.worker.serviceAccountName".into(),
-                "ServiceAccountNotAllowed",
+                conditions::SERVICE_ACCOUNT_NOT_ALLOWED,
                 format!("ServiceAccount {sa:?} is not one the operator allows workers to run as (controller flag --allow-worker-service-account)"),
             ));
         }
@@ -124,7 +126,7 @@ pub fn enforce_worker_policy(
     if !image_allowed(&w.image, &policy.allowed_image_prefixes) {
         return Err(refuse(
             "spec.worker.image".into(),
-            "ImageNotAllowed",
+            conditions::IMAGE_NOT_ALLOWED,
             format!(
                 "image {:?} does not start with an allowed prefix ({}; controller flag --allow-worker-image)",
                 w.image,
@@ -136,7 +138,7 @@ pub fn enforce_worker_policy(
         if !listed(&policy.allowed_priority_classes, pc) {
             return Err(refuse(
                 "spec.worker.priorityClassName".into(),
-                "PriorityClassNotAllowed",
+                conditions::PRIORITY_CLASS_NOT_ALLOWED,
                 format!("PriorityClass {pc:?} is not one the operator allows (controller flag --allow-worker-priority-class)"),
             ));
         }
@@ -147,7 +149,7 @@ pub fn enforce_worker_policy(
         if !any_toleration && (key.is_empty() || !listed(&policy.allowed_toleration_keys, &key)) {
             return Err(refuse(
                 format!("spec.worker.tolerations[{i}]"),
-                "TolerationNotAllowed",
+                conditions::TOLERATION_NOT_ALLOWED,
                 if key.is_empty() {
                     "a toleration without a key tolerates every taint; the operator does not allow it (controller flag --allow-worker-toleration=*)".to_string()
                 } else {
@@ -160,7 +162,7 @@ pub fn enforce_worker_policy(
         if controller_env_name(&e.name) {
             return Err(refuse(
                 format!("spec.worker.env[{i}].name"),
-                "EnvNotAllowed",
+                conditions::ENV_NOT_ALLOWED,
                 format!(
                     "{:?} is set by the controller (LANEKEEPER_* and POD_NAME)",
                     e.name
@@ -170,7 +172,7 @@ pub fn enforce_worker_policy(
         if proxy_env_name(&e.name) && !policy.allow_proxy_env {
             return Err(refuse(
                 format!("spec.worker.env[{i}].name"),
-                "EnvNotAllowed",
+                conditions::ENV_NOT_ALLOWED,
                 format!("{:?} would route deliveries through a proxy past the SSRF guard; the operator does not allow it (controller flag --allow-worker-proxy-env)", e.name),
             ));
         }
@@ -179,7 +181,7 @@ pub fn enforce_worker_policy(
             if !listed(&policy.allowed_env_secrets, &r.name) {
                 return Err(refuse(
                     format!("spec.worker.env[{i}].valueFrom.secretKeyRef.name"),
-                    "SecretNotAllowed",
+                    conditions::SECRET_NOT_ALLOWED,
                     format!("Secret {:?} is not one the operator allows workers to read (controller flag --allow-worker-secret)", r.name),
                 ));
             }
@@ -192,7 +194,7 @@ pub fn enforce_worker_policy(
     }
     if !policy.worker_allow_cidrs.is_empty() {
         w.env.push(plain_env(
-            "LANEKEEPER_ALLOW_CIDRS",
+            worker_env::ALLOW_CIDRS,
             policy.worker_allow_cidrs.join(","),
         ));
     }
@@ -211,7 +213,7 @@ pub fn check_redis_credentials(redis: &crate::crd::RedisSpec) -> Result<(), Poli
         Some(u) if u.name == pw.name => Ok(()),
         Some(u) => Err(PolicyViolation {
             field: "spec.redis.passwordSecretRef".into(),
-            reason: "PasswordNotWithURL",
+            reason: conditions::PASSWORD_NOT_WITH_URL,
             message: format!(
                 "the password in Secret {:?} may only go to the URL stored with it, but spec.redis.urlSecretRef names Secret {:?}; name the same Secret in both",
                 pw.name, u.name
@@ -219,7 +221,7 @@ pub fn check_redis_credentials(redis: &crate::crd::RedisSpec) -> Result<(), Poli
         }),
         None => Err(PolicyViolation {
             field: "spec.redis.passwordSecretRef".into(),
-            reason: "PasswordNotWithURL",
+            reason: conditions::PASSWORD_NOT_WITH_URL,
             message: format!(
                 "the password in Secret {:?} may only go to the URL stored with it: use spec.redis.urlSecretRef naming the same Secret instead of spec.redis.url",
                 pw.name
@@ -431,7 +433,7 @@ fn redis_tls_files(
     if let Some(ca) = &tls.ca_secret_ref {
         add("redis-tls-ca", &ca.name, vec![(ca.key.clone(), "ca.crt")]);
         env.push(plain_env(
-            "LANEKEEPER_REDIS_CA_FILE",
+            worker_env::REDIS_CA_FILE,
             format!("{REDIS_TLS_DIR}/ca/ca.crt"),
         ));
     }
@@ -442,11 +444,11 @@ fn redis_tls_files(
             vec![("tls.crt".into(), "tls.crt"), ("tls.key".into(), "tls.key")],
         );
         env.push(plain_env(
-            "LANEKEEPER_REDIS_CLIENT_CERT_FILE",
+            worker_env::REDIS_CLIENT_CERT_FILE,
             format!("{REDIS_TLS_DIR}/client/tls.crt"),
         ));
         env.push(plain_env(
-            "LANEKEEPER_REDIS_CLIENT_KEY_FILE",
+            worker_env::REDIS_CLIENT_KEY_FILE,
             format!("{REDIS_TLS_DIR}/client/tls.key"),
         ));
     }
@@ -475,29 +477,29 @@ pub fn worker_deployment(
     let spec = &set.spec;
     // Credentials are referenced from their Secret, never copied in.
     let mut env = vec![
-        plain_env("LANEKEEPER_SHARD_SET", format!("{namespace}/{name}")),
-        plain_env("LANEKEEPER_QUEUE", q.to_string()),
-        plain_env("LANEKEEPER_CONCURRENCY", worker.concurrency.to_string()),
+        plain_env(worker_env::SHARD_SET, format!("{namespace}/{name}")),
+        plain_env(worker_env::QUEUE, q.to_string()),
+        plain_env(worker_env::CONCURRENCY, worker.concurrency.to_string()),
         plain_env(
-            "LANEKEEPER_DELIVERY_TIMEOUT",
+            worker_env::DELIVERY_TIMEOUT,
             spec.delivery.timeout.to_string(),
         ),
         plain_env(
-            "LANEKEEPER_CONNECT_TIMEOUT",
+            worker_env::CONNECT_TIMEOUT,
             spec.delivery.connect_timeout.to_string(),
         ),
         plain_env(
-            "LANEKEEPER_INITIAL_BACKOFF",
+            worker_env::INITIAL_BACKOFF,
             spec.delivery.initial_backoff.to_string(),
         ),
         plain_env(
-            "LANEKEEPER_MAX_BACKOFF",
+            worker_env::MAX_BACKOFF,
             spec.delivery.max_backoff.to_string(),
         ),
-        plain_env("LANEKEEPER_METRICS_ADDR", format!("0.0.0.0:{METRICS_PORT}")),
-        plain_env("LANEKEEPER_LOG_FORMAT", "json"),
+        plain_env(worker_env::METRICS_ADDR, format!("0.0.0.0:{METRICS_PORT}")),
+        plain_env(worker_env::LOG_FORMAT, "json"),
         EnvVar {
-            name: "POD_NAME".to_string(),
+            name: worker_env::POD_NAME.to_string(),
             value_from: Some(EnvVarSource {
                 field_ref: Some(k8s_openapi::api::core::v1::ObjectFieldSelector {
                     field_path: "metadata.name".to_string(),
@@ -509,18 +511,18 @@ pub fn worker_deployment(
         },
     ];
     match (&spec.redis.url, &spec.redis.url_secret_ref) {
-        (_, Some(r)) => env.push(secret_env("LANEKEEPER_REDIS_URL", r)),
-        (Some(url), None) => env.push(plain_env("LANEKEEPER_REDIS_URL", url.clone())),
+        (_, Some(r)) => env.push(secret_env(worker_env::REDIS_URL, r)),
+        (Some(url), None) => env.push(plain_env(worker_env::REDIS_URL, url.clone())),
         (None, None) => {}
     }
     if let Some(r) = &spec.redis.password_secret_ref {
-        env.push(secret_env("LANEKEEPER_REDIS_PASSWORD", r));
+        env.push(secret_env(worker_env::REDIS_PASSWORD, r));
     }
     if spec.redis.cluster {
-        env.push(plain_env("LANEKEEPER_REDIS_CLUSTER", "true"));
+        env.push(plain_env(worker_env::REDIS_CLUSTER, "true"));
     }
     if let Some(user) = &spec.redis.username {
-        env.push(plain_env("LANEKEEPER_REDIS_USERNAME", user.clone()));
+        env.push(plain_env(worker_env::REDIS_USERNAME, user.clone()));
     }
     let (tls_volumes, tls_mounts, tls_env) = redis_tls_files(spec.redis.tls.as_ref());
     env.extend(tls_env);

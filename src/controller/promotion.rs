@@ -3,17 +3,7 @@
 //! ShardSet's tenants, records the candidates in its status and creates or
 //! retires DedicatedLanes ([`run`]).
 //!
-//! A tenant on a hash shard is *hot* while its share of the shard's
-//! worker-seconds over the window is at least `promoteShare` **and** the shard
-//! is contended: another tenant is waiting, or another tenant is active and
-//! the shard is busy (its workers were at least 80% in use over the window,
-//! or more is outstanding than it has delivery slots). It is promoted once hot for `promoteAfter`
-//! without a break. A tenant on an Active lane is *cold* while the share it
-//! would have of its hash shard (its lane's worker-seconds over those plus
-//! the shard's) is below `demoteShare`; it is demoted once cold for
-//! `demoteAfter` without a break. Either timer resets as soon as its
-//! condition breaks, so a tenant that oscillates is neither promoted nor
-//! demoted over and over.
+//! The rules themselves are in [`crate::policy::promotion`].
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
@@ -30,8 +20,11 @@ use crate::crd::{
     DedicatedLane, DedicatedLaneSpec, DemotionCandidate, LanePhase, PromotionCandidate,
     PromotionSpec, ShardSet,
 };
+use crate::policy::attribution::covered;
+use crate::policy::promotion::{
+    evaluate, lane_share, shard_observations, Candidate, Decision, Observation, Thresholds,
+};
 use crate::routing::{hash_shard, QueueId};
-use crate::store::{TenantStats, WORKER_SECONDS_BUCKET};
 
 use super::Context;
 
@@ -40,147 +33,6 @@ pub const FIELD_MANAGER: &str = "lanekeeper-promotion";
 /// Label on DedicatedLanes the promotion loop created (it deletes them once retired).
 pub const ORIGIN_LABEL: &str = "lanekeeper.io/origin";
 pub const ORIGIN_PROMOTION: &str = "promotion";
-/// Utilisation of a shard's workers above which it counts as contended even
-/// when no other tenant is waiting at the instant it is sampled.
-pub const BUSY_UTILISATION: f64 = 0.8;
-
-/// One tenant as measured this tick.
-#[derive(Clone, Debug, PartialEq)]
-pub struct Observation {
-    pub tenant: String,
-    /// The queue it is served from now.
-    pub queue: QueueId,
-    /// Share of worker-seconds: of its shard, or (on a lane) of its hash shard plus its lane.
-    pub share: f64,
-    /// Its shard is contended (meaningless on a lane).
-    pub contended: bool,
-    /// On an Active lane: a demotion candidate, not a promotion one.
-    pub laned: bool,
-}
-
-/// What to do this tick, and the candidate lists for status.
-#[derive(Clone, Debug, Default, PartialEq)]
-pub struct Decision {
-    pub hot: Vec<PromotionCandidate>,
-    pub cold: Vec<DemotionCandidate>,
-    pub promote: Vec<String>,
-    pub demote: Vec<String>,
-}
-
-fn round3(x: f64) -> f64 {
-    (x * 1000.0).round() / 1000.0
-}
-
-fn elapsed(since: &Time, now: Timestamp) -> Duration {
-    let secs = now.as_millisecond() - since.0.as_millisecond();
-    Duration::from_millis(secs.max(0) as u64)
-}
-
-/// Apply the hysteresis timers to this tick's observations. Pure.
-pub fn evaluate(
-    spec: &PromotionSpec,
-    now: Timestamp,
-    prev_hot: &[PromotionCandidate],
-    prev_cold: &[DemotionCandidate],
-    observations: &[Observation],
-) -> Decision {
-    let promote_after: Duration = spec.promote_after.into();
-    let demote_after: Duration = spec.demote_after.into();
-    let mut d = Decision::default();
-    for o in observations {
-        if o.laned {
-            if o.share < spec.demote_share {
-                let since = prev_cold
-                    .iter()
-                    .find(|c| c.tenant == o.tenant)
-                    .map(|c| c.cold_since.clone())
-                    .unwrap_or(Time(now));
-                if elapsed(&since, now) >= demote_after {
-                    d.demote.push(o.tenant.clone());
-                }
-                d.cold.push(DemotionCandidate {
-                    tenant: o.tenant.clone(),
-                    queue: o.queue.to_string(),
-                    share: round3(o.share),
-                    cold_since: since,
-                });
-            }
-        } else if o.contended && o.share >= spec.promote_share {
-            let since = prev_hot
-                .iter()
-                .find(|c| c.tenant == o.tenant)
-                .map(|c| c.hot_since.clone())
-                .unwrap_or(Time(now));
-            if elapsed(&since, now) >= promote_after {
-                d.promote.push(o.tenant.clone());
-            }
-            d.hot.push(PromotionCandidate {
-                tenant: o.tenant.clone(),
-                queue: o.queue.to_string(),
-                share: round3(o.share),
-                hot_since: since,
-            });
-        }
-    }
-    d.hot.sort_by(|a, b| b.share.total_cmp(&a.share));
-    d.hot.truncate(64);
-    d.cold.truncate(64);
-    d
-}
-
-/// Observations for the tenants of one hash shard. `workers` is the shard's
-/// delivery slots (replicas × concurrency) and `covered` the time the
-/// worker-seconds were summed over. Tenants in `skip` (they have a lane, or
-/// are on their way to one) are left out.
-pub fn shard_observations(
-    q: QueueId,
-    stats: &[TenantStats],
-    workers: f64,
-    covered: Duration,
-    skip: &BTreeSet<String>,
-) -> Vec<Observation> {
-    let total: f64 = stats.iter().map(|t| t.worker_seconds).sum();
-    let capacity = workers * covered.as_secs_f64().max(1.0);
-    // Busy: the workers were mostly in use over the window, or more is
-    // outstanding right now than there are delivery slots (a backlog).
-    let outstanding: u64 = stats.iter().map(|t| t.depth).sum();
-    let busy = (capacity > 0.0 && total / capacity >= BUSY_UTILISATION)
-        || (workers > 0.0 && outstanding as f64 > workers);
-    stats
-        .iter()
-        .filter(|t| !skip.contains(&t.tenant))
-        .map(|t| {
-            let others = stats.iter().filter(|u| u.tenant != t.tenant);
-            let others_waiting = others.clone().any(|u| u.depth > 0);
-            let others_active = others
-                .clone()
-                .any(|u| u.worker_seconds > 0.0 || u.depth > 0);
-            Observation {
-                tenant: t.tenant.clone(),
-                queue: q,
-                share: if total > 0.0 {
-                    t.worker_seconds / total
-                } else {
-                    0.0
-                },
-                contended: others_waiting || (others_active && busy),
-                laned: false,
-            }
-        })
-        .collect()
-}
-
-/// The share a laned tenant would have of its hash shard: its lane's
-/// worker-seconds over those plus the shard's. An idle lane is cold.
-pub fn lane_share(lane_seconds: f64, home_seconds: f64) -> f64 {
-    let total = lane_seconds + home_seconds;
-    if total > 0.0 {
-        lane_seconds / total
-    } else {
-        0.0
-    }
-}
-
 /// A DedicatedLane name for `tenant` of `set`: `<set>-<tenant>` when the
 /// tenant id is already a DNS label, else a sanitised form with a hash suffix
 /// so that distinct tenants never collide.
@@ -206,11 +58,56 @@ pub fn lane_name(set: &str, tenant: &str) -> String {
     format!("{set}-{clean}")
 }
 
-/// Time covered by a window of `window` read from buckets at `now_ms`.
-fn covered(window: Duration, now_ms: u64) -> Duration {
-    let bucket = WORKER_SECONDS_BUCKET * 1000;
-    let buckets = window.as_secs().div_ceil(WORKER_SECONDS_BUCKET).max(1);
-    Duration::from_millis((buckets - 1) * bucket + now_ms % bucket)
+/// The thresholds of a set's `spec.promotion`.
+pub fn thresholds(spec: &PromotionSpec) -> Thresholds {
+    Thresholds {
+        promote_share: spec.promote_share,
+        promote_after: spec.promote_after.into(),
+        demote_share: spec.demote_share,
+        demote_after: spec.demote_after.into(),
+    }
+}
+
+fn time(ms: i64) -> Time {
+    Time(Timestamp::from_millisecond(ms).unwrap_or(Timestamp::UNIX_EPOCH))
+}
+
+/// A hot tenant as status records it.
+pub fn hot_in_status(c: &Candidate) -> PromotionCandidate {
+    PromotionCandidate {
+        tenant: c.tenant.clone(),
+        queue: c.queue.clone(),
+        share: c.share,
+        hot_since: time(c.since_ms),
+    }
+}
+
+/// A cold tenant as status records it.
+pub fn cold_in_status(c: &Candidate) -> DemotionCandidate {
+    DemotionCandidate {
+        tenant: c.tenant.clone(),
+        queue: c.queue.clone(),
+        share: c.share,
+        cold_since: time(c.since_ms),
+    }
+}
+
+fn hot_from_status(c: &PromotionCandidate) -> Candidate {
+    Candidate {
+        tenant: c.tenant.clone(),
+        queue: c.queue.clone(),
+        share: c.share,
+        since_ms: c.hot_since.0.as_millisecond(),
+    }
+}
+
+fn cold_from_status(c: &DemotionCandidate) -> Candidate {
+    Candidate {
+        tenant: c.tenant.clone(),
+        queue: c.queue.clone(),
+        share: c.share,
+        since_ms: c.cold_since.0.as_millisecond(),
+    }
 }
 
 /// Sets measured at once by the promotion loop.
@@ -329,9 +226,9 @@ async fn tick_set(set: &ShardSet, ctx: &Context) -> anyhow::Result<()> {
         .collect();
     let with_lane: BTreeSet<String> = lanes.iter().map(|l| l.spec.tenant.clone()).collect();
 
-    // The window in whole buckets plus the current, partial one: a share
-    // read just after a bucket turns over still rests on a full window.
-    let window = Duration::from(spec.window) + Duration::from_secs(WORKER_SECONDS_BUCKET);
+    // Read as whole buckets plus the current, partial one: a share read just
+    // after a bucket turns over still rests on a full window.
+    let window = Duration::from(spec.window);
     let now = Timestamp::now();
     let covered = covered(window, now.as_millisecond().max(0) as u64);
     let workers = f64::from(set.spec.worker.replicas.unwrap_or(1).max(0))
@@ -372,11 +269,21 @@ async fn tick_set(set: &ShardSet, ctx: &Context) -> anyhow::Result<()> {
             laned: true,
         });
     }
+    let prev_hot: Vec<Candidate> = prev
+        .promotion_candidates
+        .iter()
+        .map(hot_from_status)
+        .collect();
+    let prev_cold: Vec<Candidate> = prev
+        .demotion_candidates
+        .iter()
+        .map(cold_from_status)
+        .collect();
     let decision = evaluate(
-        spec,
-        now,
-        &prev.promotion_candidates,
-        &prev.demotion_candidates,
+        &thresholds(spec),
+        now.as_millisecond(),
+        &prev_hot,
+        &prev_cold,
         &observations,
     );
     for tenant in &decision.promote {
@@ -420,7 +327,7 @@ async fn tick_set(set: &ShardSet, ctx: &Context) -> anyhow::Result<()> {
                 .await?;
         }
     }
-    if decision.hot != prev.promotion_candidates || decision.cold != prev.demotion_candidates {
+    if decision.hot != prev_hot || decision.cold != prev_cold {
         write_candidates(&sets, &name, &decision).await?;
     }
     tracing::debug!(namespace = %ns, set = %name, "promotion: set measured");
@@ -443,20 +350,11 @@ pub fn lane_to_demote<'a>(lanes: &'a [DedicatedLane], tenant: &str) -> Option<&'
 }
 
 async fn write_candidates(sets: &Api<ShardSet>, name: &str, d: &Decision) -> kube::Result<()> {
-    let patch = serde_json::json!({
-        "apiVersion": "lanekeeper.io/v1alpha1",
-        "kind": "ShardSet",
-        "status": {
-            "promotionCandidates": d.hot,
-            "demotionCandidates": d.cold,
-        },
+    let status = serde_json::json!({
+        "promotionCandidates": d.hot.iter().map(hot_in_status).collect::<Vec<_>>(),
+        "demotionCandidates": d.cold.iter().map(cold_in_status).collect::<Vec<_>>(),
     });
-    sets.patch_status(
-        name,
-        &PatchParams::apply(FIELD_MANAGER).force(),
-        &Patch::Apply(&patch),
-    )
-    .await?;
+    super::api::apply_status(sets, name, FIELD_MANAGER, &status).await?;
     Ok(())
 }
 
@@ -464,165 +362,8 @@ async fn write_candidates(sets: &Api<ShardSet>, name: &str, d: &Decision) -> kub
 mod tests {
     use super::*;
 
-    fn spec() -> PromotionSpec {
-        PromotionSpec {
-            promote_after: crate::crd::secs(15),
-            demote_after: crate::crd::secs(60),
-            ..Default::default()
-        }
-    }
-
-    fn at(s: i64) -> Timestamp {
-        Timestamp::from_second(1_000_000 + s).unwrap()
-    }
-
-    fn shard(tenant: &str, share: f64, contended: bool) -> Observation {
-        Observation {
-            tenant: tenant.into(),
-            queue: QueueId::Shard(3),
-            share,
-            contended,
-            laned: false,
-        }
-    }
-
-    fn laned(tenant: &str, share: f64) -> Observation {
-        Observation {
-            tenant: tenant.into(),
-            queue: QueueId::Lane(1),
-            share,
-            contended: false,
-            laned: true,
-        }
-    }
-
-    type Moves = Vec<(i64, String)>;
-
-    /// Feed (second, observation) pairs through `evaluate` as the loop does.
-    fn run(samples: &[(i64, Observation)]) -> (Moves, Moves) {
-        let (mut hot, mut cold) = (Vec::new(), Vec::new());
-        let (mut promoted, mut demoted) = (Vec::new(), Vec::new());
-        for (t, o) in samples {
-            let d = evaluate(&spec(), at(*t), &hot, &cold, std::slice::from_ref(o));
-            promoted.extend(d.promote.iter().map(|x| (*t, x.clone())));
-            demoted.extend(d.demote.iter().map(|x| (*t, x.clone())));
-            hot = d.hot;
-            cold = d.cold;
-        }
-        (promoted, demoted)
-    }
-
     #[test]
-    fn promoted_after_promote_after_and_not_before() {
-        let samples: Vec<_> = (0..=20).map(|t| (t, shard("whale", 0.9, true))).collect();
-        let (promoted, _) = run(&samples);
-        assert_eq!(promoted.first(), Some(&(15, "whale".to_string())));
-    }
-
-    #[test]
-    fn a_lone_tenant_in_a_quiet_shard_is_not_hot() {
-        let samples: Vec<_> = (0..=60).map(|t| (t, shard("lone", 1.0, false))).collect();
-        let (promoted, _) = run(&samples);
-        assert!(promoted.is_empty());
-        let d = evaluate(&spec(), at(0), &[], &[], &[shard("lone", 1.0, false)]);
-        assert!(d.hot.is_empty());
-    }
-
-    #[test]
-    fn flapping_around_the_thresholds_never_promotes_or_demotes() {
-        // Hot for 10 s, cool for 2 s, over and over: the timer resets each time.
-        let samples: Vec<_> = (0..300)
-            .map(|t| {
-                (
-                    t,
-                    shard("flap", if t % 12 < 10 { 0.35 } else { 0.29 }, true),
-                )
-            })
-            .collect();
-        let (promoted, _) = run(&samples);
-        assert!(promoted.is_empty(), "{promoted:?}");
-        // On a lane: cold for 50 s, warm for 1 s (the seed's defect kept
-        // cold_since across the warm-up, so the next dip demoted at once).
-        let samples: Vec<_> = (0..600)
-            .map(|t| (t, laned("flap", if t % 51 < 50 { 0.05 } else { 0.5 })))
-            .collect();
-        let (_, demoted) = run(&samples);
-        assert!(demoted.is_empty(), "{demoted:?}");
-    }
-
-    #[test]
-    fn demoted_after_demote_after_of_uninterrupted_cold() {
-        let mut samples: Vec<_> = (0..30).map(|t| (t, laned("x", 0.05))).collect();
-        samples.push((30, laned("x", 0.2)));
-        samples.extend((31..=100).map(|t| (t, laned("x", 0.05))));
-        let (_, demoted) = run(&samples);
-        assert_eq!(demoted.first(), Some(&(91, "x".to_string())));
-    }
-
-    #[test]
-    fn between_the_thresholds_nothing_moves() {
-        // 0.2 is below promoteShare and above demoteShare: neither timer runs.
-        let d = evaluate(
-            &spec(),
-            at(0),
-            &[],
-            &[],
-            &[shard("a", 0.2, true), laned("b", 0.2)],
-        );
-        assert_eq!(d, Decision::default());
-    }
-
-    #[test]
-    fn contention_needs_another_tenant_waiting_or_busy_workers() {
-        let st = |t: &str, ws: f64, depth: u64| TenantStats {
-            tenant: t.into(),
-            worker_seconds: ws,
-            depth,
-            ..Default::default()
-        };
-        let none = BTreeSet::new();
-        let covered = Duration::from_secs(10);
-        // Another tenant is waiting.
-        let o = shard_observations(
-            QueueId::Shard(0),
-            &[st("whale", 50.0, 900), st("small", 1.0, 2)],
-            8.0,
-            covered,
-            &none,
-        );
-        assert!(o[0].contended);
-        assert!((o[0].share - 50.0 / 51.0).abs() < 1e-9);
-        // Alone: not contended, however busy.
-        let o = shard_observations(
-            QueueId::Shard(0),
-            &[st("whale", 80.0, 900)],
-            8.0,
-            covered,
-            &none,
-        );
-        assert!(!o[0].contended);
-        // Others active but nobody waiting: contended only when workers are busy.
-        let quiet = [st("a", 10.0, 0), st("b", 2.0, 0)];
-        assert!(!shard_observations(QueueId::Shard(0), &quiet, 8.0, covered, &none)[0].contended);
-        let busy = [st("a", 60.0, 0), st("b", 10.0, 0)];
-        assert!(shard_observations(QueueId::Shard(0), &busy, 8.0, covered, &none)[0].contended);
-        // Others active and a backlog beyond the delivery slots: contended.
-        let backlog = [st("whale", 5.0, 400), st("small", 0.5, 0)];
-        assert!(shard_observations(QueueId::Shard(0), &backlog, 8.0, covered, &none)[0].contended);
-        // A backlog alone in its shard is still not contended.
-        let lone = [st("whale", 5.0, 400)];
-        assert!(!shard_observations(QueueId::Shard(0), &lone, 8.0, covered, &none)[0].contended);
-        // Tenants with a lane are not candidates.
-        let skip = BTreeSet::from(["a".to_string()]);
-        let o = shard_observations(QueueId::Shard(0), &busy, 8.0, covered, &skip);
-        assert_eq!(o.len(), 1);
-        assert_eq!(o[0].tenant, "b");
-    }
-
-    #[test]
-    fn lane_share_and_names() {
-        assert_eq!(lane_share(0.0, 0.0), 0.0);
-        assert_eq!(lane_share(30.0, 70.0), 0.3);
+    fn lane_names() {
         assert_eq!(lane_name("hooks", "whale"), "hooks-whale");
         let odd = lane_name("hooks", "Big.Import:1");
         assert!(odd.starts_with("hooks-ig-import-1-") || odd.starts_with("hooks-"));
@@ -633,15 +374,15 @@ mod tests {
     }
 
     #[test]
-    fn covered_time_counts_the_partial_bucket() {
-        assert_eq!(
-            covered(Duration::from_secs(10), 1_000_004_000),
-            Duration::from_secs(4)
-        );
-        assert_eq!(
-            covered(Duration::from_secs(30), 1_000_004_000),
-            Duration::from_secs(24)
-        );
+    fn candidates_round_trip_through_status() {
+        let c = Candidate {
+            tenant: "whale".into(),
+            queue: "shard-03".into(),
+            share: 0.412,
+            since_ms: 1_000_004_123,
+        };
+        assert_eq!(hot_from_status(&hot_in_status(&c)), c);
+        assert_eq!(cold_from_status(&cold_in_status(&c)), c);
     }
 
     #[test]

@@ -31,6 +31,7 @@ use std::time::Duration;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
 
+use crate::policy::capped_backoff;
 use crate::routing::QueueId;
 use crate::store::{Store, StoreError};
 
@@ -51,14 +52,12 @@ pub enum Drain {
 }
 
 /// Wait before drain attempt `attempts + 1`: the drain timeout, doubling per
-/// aborted attempt, at least [`MIN_DRAIN_BACKOFF`] and at most `cap`
+/// aborted attempt (`policy::capped_backoff`, the one capped backoff), at
+/// least [`MIN_DRAIN_BACKOFF`] and at most `cap`
 /// ([`MAX_DRAIN_BACKOFF`] for lanes, [`MAX_RESHARD_BACKOFF`] for reshards).
 /// Pure.
 pub fn backoff(timeout: Duration, attempts: u32, cap: Duration) -> Duration {
-    let factor = 2u32.saturating_pow(attempts.saturating_sub(1).min(16));
-    timeout
-        .saturating_mul(factor)
-        .clamp(MIN_DRAIN_BACKOFF, cap.max(MIN_DRAIN_BACKOFF))
+    capped_backoff(attempts, timeout, cap).max(MIN_DRAIN_BACKOFF)
 }
 
 /// One move's drain clock, on the wall clock: when the tenant was paused in

@@ -3,6 +3,7 @@
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 
+use crate::crd::conditions;
 use crate::crd::{ShardSet, ShardSetStatus, TenantShare};
 use crate::routing::QueueId;
 use crate::store::{RedisSettings, TenantStats};
@@ -128,14 +129,14 @@ pub fn deployment_failure(d: &Deployment) -> Option<String> {
 pub fn deployment_rejected(set: &ShardSet, message: &str) -> ShardSetStatus {
     let mut st = invalid_spec(set, message);
     for c in &mut st.conditions {
-        c.reason = "DeploymentFailed".to_string();
+        c.reason = conditions::DEPLOYMENT_FAILED.to_string();
     }
     st
 }
 
 /// Status for a spec the controller cannot serve.
 pub fn invalid_spec(set: &ShardSet, message: &str) -> ShardSetStatus {
-    refused(set, "InvalidSpec", message)
+    refused(set, conditions::INVALID_SPEC, message)
 }
 
 /// Status for a spec the controller refuses, with the condition reason.
@@ -147,7 +148,7 @@ pub fn refused(set: &ShardSet, reason: &str, message: &str) -> ShardSetStatus {
         conditions: vec![
             condition(
                 &prev.conditions,
-                "Ready",
+                conditions::READY,
                 false,
                 reason,
                 message.to_string(),
@@ -155,7 +156,7 @@ pub fn refused(set: &ShardSet, reason: &str, message: &str) -> ShardSetStatus {
             ),
             condition(
                 &prev.conditions,
-                "Degraded",
+                conditions::DEGRADED,
                 true,
                 reason,
                 message.to_string(),
@@ -163,7 +164,7 @@ pub fn refused(set: &ShardSet, reason: &str, message: &str) -> ShardSetStatus {
             ),
             condition(
                 &prev.conditions,
-                "Progressing",
+                conditions::PROGRESSING,
                 false,
                 reason,
                 message.to_string(),
@@ -206,7 +207,7 @@ pub fn resharding(view: &ReshardView, desired: i32) -> (bool, &'static str, Stri
     if !view.waiting_for_lanes.is_empty() {
         return (
             true,
-            "WaitingForLanes",
+            conditions::WAITING_FOR_LANES,
             format!(
                 "waiting for DedicatedLane {} to finish moving its tenant before any tenant moves to {desired} shards",
                 view.waiting_for_lanes.join(", ")
@@ -214,15 +215,15 @@ pub fn resharding(view: &ReshardView, desired: i32) -> (bool, &'static str, Stri
         );
     }
     match (&view.progress, view.waiting_for_shards) {
-        (None, false) => (false, "Idle", "no shard-count change under way".to_string()),
+        (None, false) => (false, conditions::IDLE, "no shard-count change under way".to_string()),
         (None, true) => (
             true,
-            "WaitingForShards",
+            conditions::WAITING_FOR_SHARDS,
             format!("waiting for the {desired} shard Deployments to be available before any tenant moves"),
         ),
         (Some(p), true) => (
             true,
-            "WaitingForShards",
+            conditions::WAITING_FOR_SHARDS,
             format!(
                 "{} to {} shards: waiting for the {desired} shard Deployments to be available; moved {} of {} tenants",
                 p.from_shards, p.to_shards, p.moved, p.to_move
@@ -230,7 +231,7 @@ pub fn resharding(view: &ReshardView, desired: i32) -> (bool, &'static str, Stri
         ),
         (Some(p), false) => (
             true,
-            "MovingTenants",
+            conditions::MOVING_TENANTS,
             format!(
                 "{} to {} shards: moved {} of {} tenants ({} draining, {} failed and retrying)",
                 p.from_shards, p.to_shards, p.moved, p.to_move, view.draining, p.failed
@@ -285,39 +286,39 @@ pub fn compute(
             .find_map(|s| s.eviction_problem())
     });
     let (degraded, degraded_reason, degraded_message) = match (&redis, failures.first()) {
-        (Err(e), _) => (true, "RedisUnavailable", (*e).clone()),
+        (Err(e), _) => (true, conditions::REDIS_UNAVAILABLE, (*e).clone()),
         (Ok(_), _) if eviction.is_some() => (
             true,
-            "RedisEvictionPolicy",
+            conditions::REDIS_EVICTION_POLICY,
             eviction.clone().unwrap_or_default(),
         ),
-        (Ok(_), Some(f)) => (true, "DeploymentFailed", f.clone()),
+        (Ok(_), Some(f)) => (true, conditions::DEPLOYMENT_FAILED, f.clone()),
         (Ok(_), None) => (
             false,
-            "AsExpected",
+            conditions::AS_EXPECTED,
             "shards and Redis are healthy".to_string(),
         ),
     };
     let (ready_reason, ready_message) = if redis.is_err() {
         (
-            "RedisUnavailable",
+            conditions::REDIS_UNAVAILABLE,
             "the routing table cannot be written while Redis is unreachable".to_string(),
         )
     } else if all_ready {
         (
-            "AllShardsAvailable",
+            conditions::ALL_SHARDS_AVAILABLE,
             format!("{ready} of {desired} shards available"),
         )
     } else if unserved > 0 && !autoscaled {
         (
-            "NoWorkers",
+            conditions::NO_WORKERS,
             format!(
                 "{ready} of {desired} shards available: {unserved} shard Deployments have 0 replicas, so nobody serves their queues (set worker.replicas to 1 or more, or worker.autoscaled)"
             ),
         )
     } else {
         (
-            "ShardsUnavailable",
+            conditions::SHARDS_UNAVAILABLE,
             format!("{ready} of {desired} shards available"),
         )
     };
@@ -325,7 +326,7 @@ pub fn compute(
     let conditions = vec![
         condition(
             &prev.conditions,
-            "Ready",
+            conditions::READY,
             all_ready && redis.is_ok(),
             ready_reason,
             ready_message,
@@ -333,12 +334,12 @@ pub fn compute(
         ),
         condition(
             &prev.conditions,
-            "Progressing",
+            conditions::PROGRESSING,
             progressing,
             if progressing {
-                "RollingOut"
+                conditions::ROLLING_OUT
             } else {
-                "Complete"
+                conditions::COMPLETE
             },
             if progressing {
                 format!(
@@ -352,7 +353,7 @@ pub fn compute(
         ),
         condition(
             &prev.conditions,
-            "Degraded",
+            conditions::DEGRADED,
             degraded,
             degraded_reason,
             degraded_message,
@@ -361,9 +362,9 @@ pub fn compute(
         if lanes.over_cap > 0 {
             condition(
                 &prev.conditions,
-                "LaneCapReached",
+                conditions::LANE_CAP_REACHED,
                 true,
-                "OverCap",
+                conditions::OVER_CAP,
                 format!(
                     "{} lanes admitted but maxLanes is {max_lanes}: the {} lanes with an index of {max_lanes} or more are retiring to their hash shards and then wait for an index under the cap",
                     lanes.admitted, lanes.over_cap
@@ -373,9 +374,9 @@ pub fn compute(
         } else if lanes.waiting_for_cap {
             condition(
                 &prev.conditions,
-                "LaneCapReached",
+                conditions::LANE_CAP_REACHED,
                 true,
-                "LaneCapReached",
+                conditions::LANE_CAP_REACHED,
                 format!(
                     "{} of {max_lanes} lanes admitted and another tenant waits for one: shape this set's ingest rather than adding lanes",
                     lanes.admitted
@@ -385,9 +386,9 @@ pub fn compute(
         } else {
             condition(
                 &prev.conditions,
-                "LaneCapReached",
+                conditions::LANE_CAP_REACHED,
                 false,
-                "BelowCap",
+                conditions::BELOW_CAP,
                 format!("{} of {max_lanes} lanes admitted", lanes.admitted),
                 generation,
             )
@@ -396,7 +397,7 @@ pub fn compute(
             let (on, reason, message) = resharding(reshard, desired);
             condition(
                 &prev.conditions,
-                "Resharding",
+                conditions::RESHARDING,
                 on,
                 reason,
                 message,
@@ -410,9 +411,9 @@ pub fn compute(
         conditions.push(if unserved > 0 {
             condition(
                 &prev.conditions,
-                "ScaledToZero",
+                conditions::SCALED_TO_ZERO,
                 true,
-                "AutoscaledToZero",
+                conditions::AUTOSCALED_TO_ZERO,
                 format!(
                     "the autoscaler left {unserved} of {desired} shards with 0 replicas: their queues wait until it scales them up"
                 ),
@@ -421,9 +422,9 @@ pub fn compute(
         } else {
             condition(
                 &prev.conditions,
-                "ScaledToZero",
+                conditions::SCALED_TO_ZERO,
                 false,
-                "Serving",
+                conditions::SERVING,
                 "every shard has at least one worker".to_string(),
                 generation,
             )
@@ -465,7 +466,11 @@ fn redis_conditions(
     redis: Result<&RedisView, &String>,
     generation: Option<i64>,
 ) -> Vec<Condition> {
-    const TYPES: [&str; 3] = ["RedisNotPersistent", "RedisChecked", "RedisStateLost"];
+    const TYPES: [&str; 3] = [
+        conditions::REDIS_NOT_PERSISTENT,
+        conditions::REDIS_CHECKED,
+        conditions::REDIS_STATE_LOST,
+    ];
     let view = match redis {
         Ok(v) => v,
         Err(_) => {
@@ -483,18 +488,18 @@ fn redis_conditions(
             let (status, reason, message) = match worst.persistent() {
                 Some(false) => (
                     Some(true),
-                    "NoPersistence",
+                    conditions::NO_PERSISTENCE,
                     format!(
                         "{}: a restart of Redis loses every queued envelope; turn on AOF (appendonly yes) or RDB snapshots (save), or accept the risk",
                         worst.summary()
                     ),
                 ),
-                Some(true) => (Some(false), "Persistent", worst.summary()),
-                None => (None, "PersistenceUnknown", worst.summary()),
+                Some(true) => (Some(false), conditions::PERSISTENT, worst.summary()),
+                None => (None, conditions::PERSISTENCE_UNKNOWN, worst.summary()),
             };
             out.push(condition_maybe(
                 prev,
-                "RedisNotPersistent",
+                conditions::REDIS_NOT_PERSISTENT,
                 status,
                 reason,
                 message,
@@ -504,12 +509,12 @@ fn redis_conditions(
             let summaries: Vec<String> = all.iter().map(|s| s.summary()).collect();
             out.push(condition(
                 prev,
-                "RedisChecked",
+                conditions::REDIS_CHECKED,
                 refused.is_none(),
                 if refused.is_none() {
-                    "ConfigGet"
+                    conditions::CONFIG_GET
                 } else {
-                    "ConfigGetRefused"
+                    conditions::CONFIG_GET_REFUSED
                 },
                 summaries.join("; "),
                 generation,
@@ -518,9 +523,9 @@ fn redis_conditions(
         Ok(_) => {}
         Err(e) => out.push(condition(
             prev,
-            "RedisChecked",
+            conditions::REDIS_CHECKED,
             false,
-            "ReadFailed",
+            conditions::READ_FAILED,
             format!("cannot read the Redis settings (CONFIG GET, INFO): {e}"),
             generation,
         )),
@@ -528,17 +533,17 @@ fn redis_conditions(
     out.push(match &view.restored {
         Some(what) => condition(
             prev,
-            "RedisStateLost",
+            conditions::REDIS_STATE_LOST,
             true,
-            "RoutingTableMissing",
+            conditions::ROUTING_TABLE_MISSING,
             what.clone(),
             generation,
         ),
         None => condition(
             prev,
-            "RedisStateLost",
+            conditions::REDIS_STATE_LOST,
             false,
-            "StatePresent",
+            conditions::STATE_PRESENT,
             "the routing table and its epoch are in Redis".to_string(),
             generation,
         ),
@@ -608,12 +613,12 @@ pub fn transitions(before: &ShardSetStatus, after: &ShardSetStatus) -> Vec<Trans
         .filter(|c| {
             matches!(
                 c.type_.as_str(),
-                "Ready"
-                    | "Degraded"
-                    | "LaneCapReached"
-                    | "Resharding"
-                    | "RedisNotPersistent"
-                    | "RedisStateLost"
+                conditions::READY
+                    | conditions::DEGRADED
+                    | conditions::LANE_CAP_REACHED
+                    | conditions::RESHARDING
+                    | conditions::REDIS_NOT_PERSISTENT
+                    | conditions::REDIS_STATE_LOST
             )
         })
         .filter(|c| {
@@ -624,8 +629,8 @@ pub fn transitions(before: &ShardSetStatus, after: &ShardSetStatus) -> Vec<Trans
         .map(|c| Transition {
             type_: c.type_.clone(),
             warning: match c.type_.as_str() {
-                "Ready" => c.status != "True",
-                "Resharding" => false,
+                conditions::READY => c.status != "True",
+                conditions::RESHARDING => false,
                 _ => c.status == "True",
             },
             reason: c.reason.clone(),

@@ -9,6 +9,7 @@
 // Each `printcolumn(...)` of `#[kube]` repeats `name`/`type_`/`json_path` by design.
 #![allow(clippy::duplicated_attributes)]
 
+pub mod conditions;
 mod lane;
 mod shardset;
 
@@ -22,10 +23,12 @@ use kube::CustomResourceExt;
 pub const GROUP: &str = "lanekeeper.io";
 /// The one served and stored version.
 pub const VERSION: &str = "v1alpha1";
-/// Hard ceiling on dedicated lanes per ShardSet; `spec.promotion.maxLanes` may lower it.
-pub const MAX_LANES: i32 = 8;
-/// Hard ceiling on shards per ShardSet.
-pub const MAX_SHARDS: i32 = 1024;
+/// Hard ceiling on dedicated lanes per ShardSet ([`crate::routing::MAX_LANES`],
+/// as the API's integer); `spec.promotion.maxLanes` may lower it.
+pub const MAX_LANES: i32 = crate::routing::MAX_LANES as i32;
+/// Hard ceiling on shards per ShardSet ([`crate::routing::MAX_SHARDS`], as the
+/// API's integer). The CEL rule on `spec.shards` spells it too: a test checks.
+pub const MAX_SHARDS: i32 = crate::routing::MAX_SHARDS as i32;
 
 /// Every CRD lanekeeper owns, in the order `lanekeeper crds` prints them.
 pub fn all() -> Vec<CustomResourceDefinition> {
@@ -102,5 +105,18 @@ mod tests {
             let back: CustomResourceDefinition = serde_yaml::from_str(&yaml).unwrap();
             assert_eq!(back, crd);
         }
+    }
+
+    #[test]
+    fn the_cel_bounds_are_the_routing_ceilings() {
+        let yaml = to_yaml(&all()[0]).unwrap();
+        assert!(
+            yaml.contains(&format!("self >= 1 && self <= {MAX_SHARDS}")),
+            "the CEL rule on spec.shards"
+        );
+        assert!(
+            yaml.contains(&format!("self >= 1 && self <= {MAX_LANES}")),
+            "the CEL rule on spec.promotion.maxLanes"
+        );
     }
 }

@@ -872,3 +872,35 @@ pub struct ReshardProgress {
     /// Tenants whose move failed and will be retried.
     pub failed: i32,
 }
+
+impl crate::policy::QueuePolicy {
+    /// The policy a ShardSet asks for.
+    pub fn from_spec(spec: &ShardSetSpec) -> Self {
+        use crate::policy::{BreakerPolicy, DeadLetterPolicy};
+        let s = &spec.scheduler;
+        let ordered = s.ordering == Ordering::PerTenant;
+        Self {
+            quantum_seconds: s.quantum_seconds,
+            max_in_flight: s.max_in_flight_per_tenant.max(1) as u32,
+            ordered,
+            default_weight: s.default_weight,
+            weights: s
+                .weights
+                .iter()
+                .map(|w| (w.tenant.clone(), w.weight))
+                .collect(),
+            max_attempts: spec.delivery.max_attempts.max(1) as u32,
+            breaker: BreakerPolicy {
+                failure_ratio: spec.delivery.breaker.failure_ratio,
+                min_requests: spec.delivery.breaker.min_requests.max(1) as u32,
+                window: spec.delivery.breaker.window.into(),
+                open_for: spec.delivery.breaker.open_for.into(),
+            },
+            dead_letters: DeadLetterPolicy {
+                max_per_tenant: spec.delivery.dead_letters.max_per_tenant.max(1) as u64,
+                max_age: spec.delivery.dead_letters.max_age.into(),
+            },
+            ..Self::default()
+        }
+    }
+}

@@ -1,5 +1,10 @@
 //! API keys: who may call ingest, and for which tenant.
 //!
+//! A handler learns its caller only through the extractors here: [`Caller`]
+//! (a known key, for routes whose tenant is in the body) and [`Tenant`] (a
+//! key that may act for the `{tenant}` in the path, which must be valid), so
+//! a handler that needs a tenant cannot be written without the check.
+//!
 //! Keys are random tokens (`lk_` and 43 base64url characters: 256 bits). At
 //! rest only their SHA-256 is kept, in a YAML file that usually comes from a
 //! Kubernetes Secret mounted as a volume:
@@ -24,8 +29,15 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, RwLock};
 use std::time::{Duration, SystemTime};
 
+use axum::extract::FromRequestParts;
+use axum::http::request::Parts;
+use axum::http::{header, HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
 use serde::Deserialize;
 use sha2::{Digest, Sha256};
+
+use super::error::ApiError;
+use super::Ingest;
 
 /// What a key may do.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -236,6 +248,79 @@ fn read(path: &Path) -> Result<KeyRing, BadKeyFile> {
 fn stamp(path: &Path) -> Option<(SystemTime, u64)> {
     let m = std::fs::metadata(path).ok()?;
     Some((m.modified().ok()?, m.len()))
+}
+
+// ---- the extractors ------------------------------------------------------
+
+/// The caller of a route whose tenant is in the body (the events): its key
+/// is known; whether it may act for each event's tenant is the handler's to
+/// check, event by event.
+pub struct Caller(pub Principal);
+
+impl FromRequestParts<Ingest> for Caller {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, ingest: &Ingest) -> Result<Self, ApiError> {
+        ingest.authenticate(&parts.headers).map(Caller)
+    }
+}
+
+/// The caller of a `/v1/tenants/{tenant}/...` route: its key is known, may
+/// act for the tenant in the path, and that tenant is valid. The only way a
+/// tenant handler learns its tenant.
+pub struct Tenant {
+    /// The tenant in the path.
+    pub name: String,
+    pub who: Principal,
+}
+
+impl FromRequestParts<Ingest> for Tenant {
+    type Rejection = Response;
+
+    async fn from_request_parts(parts: &mut Parts, ingest: &Ingest) -> Result<Self, Response> {
+        let axum::extract::Path(params) = axum::extract::Path::<
+            std::collections::BTreeMap<String, String>,
+        >::from_request_parts(parts, ingest)
+        .await
+        .map_err(IntoResponse::into_response)?;
+        let Some(name) = params.get("tenant").cloned() else {
+            // A route without {tenant} in its path cannot take this extractor.
+            return Err(StatusCode::INTERNAL_SERVER_ERROR.into_response());
+        };
+        let who = ingest
+            .authorize(&parts.headers, &name)
+            .map_err(IntoResponse::into_response)?;
+        Ok(Self { name, who })
+    }
+}
+
+impl Ingest {
+    pub(super) fn authenticate(&self, headers: &HeaderMap) -> Result<Principal, ApiError> {
+        let value = headers
+            .get(header::AUTHORIZATION)
+            .ok_or_else(|| ApiError::unauthorized("missing Authorization: Bearer <api key>"))?;
+        let key = value
+            .to_str()
+            .ok()
+            .and_then(|v| v.strip_prefix("Bearer "))
+            .ok_or_else(|| ApiError::unauthorized("Authorization must be Bearer <api key>"))?;
+        self.inner
+            .keys
+            .current()
+            .lookup(key.trim())
+            .cloned()
+            .ok_or_else(|| ApiError::unauthorized("unknown api key"))
+    }
+
+    fn authorize(&self, headers: &HeaderMap, tenant: &str) -> Result<Principal, ApiError> {
+        let who = self.authenticate(headers)?;
+        if !who.may_act_for(tenant) {
+            return Err(ApiError::forbidden(&who, tenant, None));
+        }
+        crate::envelope::validate_tenant(tenant)
+            .map_err(|e| ApiError::field(StatusCode::BAD_REQUEST, "tenant", e.reason))?;
+        Ok(who)
+    }
 }
 
 #[cfg(test)]

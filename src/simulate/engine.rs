@@ -17,9 +17,8 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context};
 
 use super::{Mix, Workload};
-use crate::controller::promotion;
-use crate::crd::PromotionCandidate;
 use crate::envelope::Envelope;
+use crate::policy::promotion;
 use crate::routing::{hash_shard, QueueId};
 use crate::scheduler::QueuePolicy;
 use crate::store::{ConnectOptions, EnqueueOutcome, Lease, LeaseOutcome, SetId, Store};
@@ -660,7 +659,7 @@ struct Sim<'a> {
     index: HashMap<QueueId, usize>,
     pins: HashMap<u32, QueueId>,
     promoted: Vec<(String, f64)>,
-    hot: Vec<PromotionCandidate>,
+    hot: Vec<promotion::Candidate>,
 }
 
 impl<'a> Sim<'a> {
@@ -782,15 +781,9 @@ impl<'a> Sim<'a> {
         let p = &self.mix.promotion;
         let window: Duration = p.window.into();
         // the time the worker-second buckets read at `t` span, as the
-        // controller's promotion loop computes it (whole buckets before the
-        // current, partial one), and no more than the run so far
-        let bucket_ms = crate::store::WORKER_SECONDS_BUCKET * 1000;
-        let buckets = window
-            .as_secs()
-            .div_ceil(crate::store::WORKER_SECONDS_BUCKET)
-            .max(1);
+        // controller's promotion loop computes it, and no more than the run so far
         let covered =
-            Duration::from_millis(((buckets - 1) * bucket_ms + (EPOCH_MS + t) % bucket_ms).min(t));
+            crate::policy::attribution::covered(window, EPOCH_MS + t).min(Duration::from_millis(t));
         let skip: BTreeSet<String> = self
             .pins
             .keys()
@@ -811,17 +804,20 @@ impl<'a> Sim<'a> {
                 &skip,
             ));
         }
-        let spec = crate::crd::PromotionSpec {
-            enabled: true,
+        let defaults = crate::crd::PromotionSpec::default();
+        let thresholds = promotion::Thresholds {
             promote_share: p.promote_share,
-            promote_after: p.promote_after,
-            window: p.window,
-            max_lanes: p.max_lanes as i32,
-            ..Default::default()
+            promote_after: p.promote_after.into(),
+            demote_share: defaults.demote_share,
+            demote_after: defaults.demote_after.into(),
         };
-        let now = k8s_openapi::jiff::Timestamp::from_millisecond((EPOCH_MS + t) as i64)
-            .context("virtual time as a timestamp")?;
-        let decision = promotion::evaluate(&spec, now, &self.hot, &[], &observations);
+        let decision = promotion::evaluate(
+            &thresholds,
+            (EPOCH_MS + t) as i64,
+            &self.hot,
+            &[],
+            &observations,
+        );
         tracing::debug!(
             t_ms = t,
             hot = ?decision.hot,

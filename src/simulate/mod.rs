@@ -14,7 +14,7 @@
 //! - `shards-fair`: hashed shards with the production scheduler (deficit
 //!   round robin in worker-seconds, per-tenant cap);
 //! - `fair+lanes`: the same, and tenants the production promotion rule
-//!   ([`crate::controller::promotion`]) finds hot get a dedicated lane.
+//!   ([`crate::policy::promotion`]) finds hot get a dedicated lane.
 //!
 //! The fair strategies run **the production Lua scripts against a real
 //! Redis**, with a virtual clock ([`crate::store::Store::set_virtual_clock`]):
@@ -160,8 +160,9 @@ impl Default for Mix {
 impl Mix {
     /// Refuse a mix the simulator cannot serve, naming the field.
     pub fn validate(&self) -> anyhow::Result<()> {
-        if !(1..=1024).contains(&self.shards) {
-            bail!("shards must be between 1 and 1024, not {}", self.shards);
+        let max = crate::routing::MAX_SHARDS;
+        if !(1..=max).contains(&self.shards) {
+            bail!("shards must be between 1 and {max}, not {}", self.shards);
         }
         if self.workers == 0 || self.cap == 0 {
             bail!("workers and cap must be at least 1");
@@ -371,8 +372,13 @@ impl SimulateArgs {
     }
 }
 
-/// `lanekeeper simulate`: run, print the table, write the chart.
-pub async fn run_cli(args: SimulateArgs) -> anyhow::Result<()> {
+/// `lanekeeper simulate`: run, print the table, write the chart; when
+/// `interrupted` resolves first (the binary's SIGINT/SIGTERM), delete the
+/// run's keys and fail.
+pub async fn run_cli(
+    args: SimulateArgs,
+    interrupted: impl std::future::Future<Output = ()>,
+) -> anyhow::Result<()> {
     let mix = args.mix()?;
     let workload = Workload::generate(&mix);
     eprintln!(
@@ -387,7 +393,7 @@ pub async fn run_cli(args: SimulateArgs) -> anyhow::Result<()> {
     let id = run_id();
     let report = tokio::select! {
         r = run_as(&args.redis, &mix, &workload, &id) => r?,
-        _ = interrupted() => {
+        _ = interrupted => {
             let removed = purge(&args.redis, &id).await?;
             bail!("interrupted; deleted the run's {removed} keys");
         }
@@ -397,25 +403,4 @@ pub async fn run_cli(args: SimulateArgs) -> anyhow::Result<()> {
         .with_context(|| format!("writing {}", args.svg.display()))?;
     println!("chart: {}", args.svg.display());
     Ok(())
-}
-
-/// Resolves on SIGINT or SIGTERM.
-async fn interrupted() {
-    #[cfg(unix)]
-    {
-        use tokio::signal::unix::{signal, SignalKind};
-        match signal(SignalKind::terminate()) {
-            Ok(mut term) => tokio::select! {
-                _ = tokio::signal::ctrl_c() => {}
-                _ = term.recv() => {}
-            },
-            Err(_) => {
-                let _ = tokio::signal::ctrl_c().await;
-            }
-        }
-    }
-    #[cfg(not(unix))]
-    {
-        let _ = tokio::signal::ctrl_c().await;
-    }
 }

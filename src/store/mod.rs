@@ -38,13 +38,10 @@ use redis::Value;
 
 use crate::endpoint::{Endpoint, InvalidEndpoint};
 use crate::envelope::{Envelope, InvalidEnvelope};
+use crate::policy::{attribution, QueuePolicy};
 use crate::routing::{QueueId, RoutingTable};
-use crate::scheduler::QueuePolicy;
 
 pub mod keys;
-
-/// Bucket width of the worker-seconds window, in seconds (see `settle` in common.lua).
-pub const WORKER_SECONDS_BUCKET: u64 = 10;
 
 /// A ShardSet's identity in Redis: `<namespace>/<name>`.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
@@ -381,17 +378,7 @@ pub struct ReplayPage {
     pub next: Option<String>,
 }
 
-/// Per-tenant attribution in one queue.
-#[derive(Clone, Debug, Default, PartialEq)]
-pub struct TenantStats {
-    pub tenant: String,
-    /// Outstanding: queued, held, waiting to retry or in flight.
-    pub depth: u64,
-    pub delivered: u64,
-    pub failed: u64,
-    /// Worker-seconds consumed over the window asked for.
-    pub worker_seconds: f64,
-}
+pub use crate::policy::TenantStats;
 
 /// One data-plane operation: a function of the [`Library`].
 #[derive(Clone, Copy, Debug)]
@@ -1822,8 +1809,8 @@ impl Store {
     ) -> Result<Vec<TenantStats>> {
         let p = self.queue_prefix(q);
         let mut conn = self.conn.clone();
-        let newest = now_ms / (WORKER_SECONDS_BUCKET * 1000);
-        let buckets = window.as_secs().div_ceil(WORKER_SECONDS_BUCKET).max(1);
+        let newest = attribution::bucket_of(now_ms);
+        let buckets = attribution::buckets(window);
         let tenants: Vec<String> = redis::cmd("SMEMBERS")
             .arg(format!("{p}:tenants"))
             .query_async(&mut conn)
@@ -2042,8 +2029,8 @@ impl Store {
         let mut conn = self.conn.clone();
         let (s, us): (u64, u64) = redis::cmd("TIME").query_async(&mut conn).await?;
         let now_ms = s * 1000 + us / 1000;
-        let newest = now_ms / (WORKER_SECONDS_BUCKET * 1000);
-        let buckets = window.as_secs().div_ceil(WORKER_SECONDS_BUCKET).max(1);
+        let newest = attribution::bucket_of(now_ms);
+        let buckets = attribution::buckets(window);
         let mut pipe = redis::pipe();
         pipe.cmd("HMGET")
             .arg(format!("{p}:t:{tenant}"))
@@ -2470,6 +2457,15 @@ fn int(v: &Value) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_scripts_bucket_width_is_the_policys() {
+        let line = format!(
+            "local BUCKET_MS = {}\n",
+            crate::policy::attribution::BUCKET_SECONDS * 1000
+        );
+        assert!(include_str!("lua/common.lua").contains(&line), "{line}");
+    }
 
     #[test]
     fn cluster_urls_give_one_url_per_seed_node() {

@@ -3,6 +3,7 @@
 //! one queue cooperate through the queue's scripts alone.
 
 pub mod delivery;
+pub mod env;
 pub mod ssrf;
 
 use std::collections::HashMap;
@@ -552,25 +553,4 @@ impl Drop for DecOnDrop {
     fn drop(&mut self) {
         self.0.dec();
     }
-}
-
-/// A flag set by SIGTERM or SIGINT, as a watch channel.
-pub fn stop_on_signals() -> watch::Receiver<bool> {
-    let (tx, rx) = watch::channel(false);
-    tokio::spawn(async move {
-        let mut term =
-            match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-                Ok(s) => s,
-                Err(e) => {
-                    warn!(error = %e, "cannot listen for SIGTERM");
-                    return;
-                }
-            };
-        tokio::select! {
-            _ = term.recv() => {}
-            _ = tokio::signal::ctrl_c() => {}
-        }
-        let _ = tx.send(true);
-    });
-    rx
 }

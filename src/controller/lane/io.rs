@@ -11,8 +11,8 @@ use kube::{Resource, ResourceExt};
 use tracing::{info, warn};
 
 use crate::crd::{DedicatedLane, DedicatedLaneStatus, LanePhase, ShardSet};
+use crate::policy::QueuePolicy;
 use crate::routing::QueueId;
-use crate::scheduler::QueuePolicy;
 use crate::store::Store;
 
 use super::super::build::{deployment_name, lane_deployment, FIELD_MANAGER as APPLY_MANAGER};

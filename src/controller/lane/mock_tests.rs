@@ -10,7 +10,7 @@ use kube::client::Body;
 use kube::runtime::controller::Action;
 use tower_test::mock::Handle;
 
-use super::super::mock_tests::{api_error, condition_in, counted_once, ctx, expect};
+use super::super::shardset::mock_tests::{api_error, condition_in, counted_once, ctx, expect};
 use super::*;
 
 type Server = Handle<Request<Body>, Response<Body>>;

@@ -68,6 +68,10 @@
 -- library (see `store::library`). Closures are created once, when the
 -- library loads; each call only binds the queue below (`begin`).
 
+-- Width of a worker-seconds bucket in ms: policy::attribution::BUCKET_SECONDS
+-- x 1000 (a store unit test checks the two agree).
+local BUCKET_MS = 10000
+
 -- The queue this call works on, and its policy: bound by `begin`.
 local P, RING, LEASES, DELAYED, BLOCKED
 local QUANTUM, ORDERED, CAP, DEFAULT_WEIGHT, EST0, MAX_ATTEMPTS, ID_TTL, MAINT_NEXT
@@ -437,7 +441,7 @@ local function settle(t, charged, actual, now, free_slot, outcome)
   if rejoin then push_active(t, false) end
   local us = math.floor(actual + 0.5)
   if us > 0 then
-    local bucket = P .. ':wsu:' .. math.floor(now / 10000)
+    local bucket = P .. ':wsu:' .. math.floor(now / BUCKET_MS)
     -- the first write to a bucket is always a tenant's first in it: set the TTL then
     if redis.call('HINCRBY', bucket, t, us) == us then redis.call('EXPIRE', bucket, 7200) end
   end

@@ -11,7 +11,7 @@ use lanekeeper::routing::QueueId;
 use lanekeeper::scheduler::QueuePolicy;
 use lanekeeper::store::{keys, EnqueueOutcome, Failure, NackOutcome, Store};
 
-use super::dataplane::{lease, store, LEASE, Q};
+use crate::support::dataplane::{lease, store, LEASE, Q};
 
 pub const LANE: QueueId = QueueId::Lane(0);
 

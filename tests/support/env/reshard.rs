@@ -9,8 +9,8 @@ use k8s_openapi::api::apps::v1::Deployment;
 use lanekeeper::crd::ReshardProgress;
 use lanekeeper::routing::{hash_shard, QueueId};
 
-use super::controlplane::ControlPlane;
-use super::lanes::{assert_in_order, LaneEnv, Sent, Traffic};
+use crate::support::controlplane::ControlPlane;
+use crate::support::lanes::{assert_in_order, LaneEnv, Sent, Traffic};
 
 /// A ShardSet of `shards` shards whose shard and lane workers a stand-in
 /// kubelet runs, as their Deployments come and go; returns once the shard

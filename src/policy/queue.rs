@@ -1,6 +1,6 @@
 //! The fairness policy, as pure code. The Lua scripts in `store` embody it
-//! inside Redis; this module turns a ShardSet's spec into the per-queue
-//! settings they read, and computes retry delays.
+//! inside Redis; this module holds the per-queue settings they read (the
+//! operator fills them from a ShardSet's spec: `QueuePolicy::from_spec`).
 //!
 //! Deficit round robin priced in worker-seconds: the tenants with queued work
 //! form a ring; the head tenant is served while its credit is positive, each
@@ -16,8 +16,6 @@
 
 use std::collections::BTreeMap;
 use std::time::Duration;
-
-use crate::crd::{Ordering, ShardSetSpec};
 
 /// What every lease, ack and nack script of one queue reads.
 #[derive(Clone, Debug, PartialEq)]
@@ -100,35 +98,6 @@ impl Default for QueuePolicy {
 }
 
 impl QueuePolicy {
-    /// The policy a ShardSet asks for.
-    pub fn from_spec(spec: &ShardSetSpec) -> Self {
-        let s = &spec.scheduler;
-        let ordered = s.ordering == Ordering::PerTenant;
-        Self {
-            quantum_seconds: s.quantum_seconds,
-            max_in_flight: s.max_in_flight_per_tenant.max(1) as u32,
-            ordered,
-            default_weight: s.default_weight,
-            weights: s
-                .weights
-                .iter()
-                .map(|w| (w.tenant.clone(), w.weight))
-                .collect(),
-            max_attempts: spec.delivery.max_attempts.max(1) as u32,
-            breaker: BreakerPolicy {
-                failure_ratio: spec.delivery.breaker.failure_ratio,
-                min_requests: spec.delivery.breaker.min_requests.max(1) as u32,
-                window: spec.delivery.breaker.window.into(),
-                open_for: spec.delivery.breaker.open_for.into(),
-            },
-            dead_letters: DeadLetterPolicy {
-                max_per_tenant: spec.delivery.dead_letters.max_per_tenant.max(1) as u64,
-                max_age: spec.delivery.dead_letters.max_age.into(),
-            },
-            ..Self::default()
-        }
-    }
-
     /// The cap in force: 1 under strict per-tenant order.
     pub fn effective_cap(&self) -> u32 {
         if self.ordered {
@@ -139,30 +108,9 @@ impl QueuePolicy {
     }
 }
 
-/// Delay before retry number `attempt` (1 for the first retry): exponential
-/// from `initial`, capped at `max`, with "equal jitter" (half fixed, half
-/// random) so a burst of failures does not retry in lockstep. `unit` is a
-/// random number in [0, 1).
-pub fn retry_delay(attempt: u32, initial: Duration, max: Duration, unit: f64) -> Duration {
-    let exp = initial.as_secs_f64() * 2f64.powi(attempt.saturating_sub(1).min(62) as i32);
-    let capped = exp.min(max.as_secs_f64());
-    Duration::from_secs_f64(capped / 2.0 + capped / 2.0 * unit.clamp(0.0, 1.0))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn backoff_grows_and_caps() {
-        let i = Duration::from_secs(1);
-        let m = Duration::from_secs(60);
-        assert_eq!(retry_delay(1, i, m, 1.0), Duration::from_secs(1));
-        assert_eq!(retry_delay(1, i, m, 0.0), Duration::from_millis(500));
-        assert_eq!(retry_delay(4, i, m, 1.0), Duration::from_secs(8));
-        assert_eq!(retry_delay(30, i, m, 1.0), Duration::from_secs(60));
-        assert_eq!(retry_delay(30, i, m, 0.0), Duration::from_secs(30));
-    }
 
     #[test]
     fn per_tenant_ordering_means_cap_one() {

@@ -11,6 +11,7 @@ use kube::Client;
 use tower_test::mock::{self, Handle};
 
 use super::*;
+use crate::controller::build::BuildError;
 
 fn set(shards: i32) -> ShardSet {
     let mut s: ShardSet = serde_yaml::from_str(&format!(
@@ -31,7 +32,7 @@ spec:
     s
 }
 
-pub(super) fn api_error(code: StatusCode, reason: &str) -> Response<Body> {
+pub(crate) fn api_error(code: StatusCode, reason: &str) -> Response<Body> {
     let status = serde_json::json!({
         "kind": "Status", "apiVersion": "v1", "status": "Failure",
         "message": format!("mock says {reason}"), "reason": reason, "code": code.as_u16(),
@@ -43,14 +44,14 @@ pub(super) fn api_error(code: StatusCode, reason: &str) -> Response<Body> {
         .unwrap()
 }
 
-pub(super) fn ctx() -> (Arc<Context>, Handle<Request<Body>, Response<Body>>) {
+pub(crate) fn ctx() -> (Arc<Context>, Handle<Request<Body>, Response<Body>>) {
     let (svc, handle) = mock::pair::<Request<Body>, Response<Body>>();
     let client = Client::new(svc, "default");
     (Arc::new(Context::new(client, Default::default())), handle)
 }
 
 /// Answer the next request, checking its method and path.
-pub(super) async fn expect(
+pub(crate) async fn expect(
     handle: &mut Handle<Request<Body>, Response<Body>>,
     method: Method,
     path_end: &str,
@@ -70,7 +71,7 @@ pub(super) async fn expect(
 }
 
 /// The condition of type `type_` in a status patch.
-pub(super) fn condition_in(patch: &serde_json::Value, type_: &str) -> serde_json::Value {
+pub(crate) fn condition_in(patch: &serde_json::Value, type_: &str) -> serde_json::Value {
     let conditions = patch["status"]["conditions"].as_array().unwrap();
     let found = conditions.iter().find(|c| c["type"] == type_);
     found
@@ -79,7 +80,7 @@ pub(super) fn condition_in(patch: &serde_json::Value, type_: &str) -> serde_json
 }
 
 /// The reconcile error metric counts one error of `kind`.
-pub(super) fn counted_once(ctx: &Context, kind: &str) {
+pub(crate) fn counted_once(ctx: &Context, kind: &str) {
     let text = crate::telemetry::Encode::encode(&ctx.metrics);
     let line = format!("lanekeeper_reconcile_errors_total{{kind=\"{kind}\"}} 1");
     assert!(text.contains(&line), "{text}");

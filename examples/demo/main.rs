@@ -1,7 +1,7 @@
 //! `./demo.sh` (or `cargo run --release --example demo` after building the
 //! `lanekeeper` binary): the whole system on one machine, playing the story
-//! lanekeeper exists for. The scenario lives in `tests/support/demo.rs`,
-//! shared with the demo's smoke test.
+//! lanekeeper exists for. The scenario lives beside this file
+//! (`scenario.rs`), shared with the demo's smoke test (`tests/demo.rs`).
 //!
 //! Then one tenant imports 200,000 records through ingest while a dozen
 //! others send password resets; the terminal shows per-shard depth, lanes,
@@ -9,8 +9,10 @@
 //! run ends with a summary table and an SVG chart. Ctrl-C stops it; every
 //! process it started goes with it.
 
-#[path = "../tests/support/mod.rs"]
+#[path = "../../tests/support/mod.rs"]
 mod support;
+
+mod scenario;
 
 fn main() {
     let rt = tokio::runtime::Builder::new_multi_thread()
@@ -25,9 +27,9 @@ fn main() {
             std::process::exit(130);
         }
     });
-    let cfg = support::demo::Config::default();
+    let cfg = scenario::Config::default();
     let want = cfg.import;
-    let summary = rt.block_on(support::demo::run(cfg));
+    let summary = rt.block_on(scenario::run(cfg));
     support::process::stop_all();
     if summary.whale_delivered < want {
         eprintln!("the import was not delivered in time");

@@ -16,8 +16,8 @@ use lanekeeper::routing::{hash_shard, QueueId};
 use lanekeeper::signing::Secret;
 use lanekeeper::store::{EnqueueOutcome, SetId, Store};
 
-use super::controlplane::ControlPlane;
-use super::receiver::{now_ms, Receiver};
+use crate::support::controlplane::ControlPlane;
+use crate::support::receiver::{now_ms, Receiver};
 
 /// Runs a worker process for each lane Deployment of a set while it exists.
 pub struct Kubelet {
@@ -77,9 +77,10 @@ impl Kubelet {
                             .collect();
                         for q in &want {
                             if !running.contains_key(q) {
-                                let mut args: Vec<&str> = super::workers::LOCAL_ARGS.to_vec();
+                                let mut args: Vec<&str> =
+                                    crate::support::workers::LOCAL_ARGS.to_vec();
                                 args.extend(extra.iter().map(|s| s.as_str()));
-                                let pid = super::workers::spawn(
+                                let pid = crate::support::workers::spawn(
                                     &redis_url,
                                     &format!("{ns}/{set}"),
                                     q,
@@ -96,13 +97,13 @@ impl Kubelet {
                             .collect();
                         for q in gone {
                             let pid = running.remove(&q).unwrap();
-                            super::process::signal(pid, libc::SIGTERM);
+                            crate::support::process::signal(pid, libc::SIGTERM);
                         }
                     }
                     std::thread::sleep(Duration::from_millis(300));
                 }
                 for pid in running.values() {
-                    super::process::signal(*pid, libc::SIGTERM);
+                    crate::support::process::signal(*pid, libc::SIGTERM);
                 }
             })
         };
@@ -174,7 +175,7 @@ impl LaneEnv {
         worker_extra: &[&str],
         kubelet_shards: bool,
     ) -> LaneEnv {
-        let redis_url = super::redis::shared().url.clone();
+        let redis_url = crate::support::redis::shared().url.clone();
         Self::start_on(
             cp,
             prefix,
@@ -222,11 +223,11 @@ impl LaneEnv {
             );
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
-        let mut wargs: Vec<&str> = super::workers::LOCAL_ARGS.to_vec();
+        let mut wargs: Vec<&str> = crate::support::workers::LOCAL_ARGS.to_vec();
         wargs.extend_from_slice(worker_extra);
         let shard_workers = (0..if kubelet_shards { 0 } else { shards })
             .map(|n| {
-                super::workers::spawn(
+                crate::support::workers::spawn(
                     &redis_url,
                     &format!("{ns}/{set}"),
                     &QueueId::Shard(n).to_string(),
@@ -376,7 +377,7 @@ impl LaneEnv {
     }
 
     pub fn controller_log(&self) -> String {
-        super::process::tail(&self.controller_log, 40)
+        crate::support::process::tail(&self.controller_log, 40)
     }
 
     /// Restart the controller (after it died or was stopped) with `extra` flags and `env`.
@@ -391,9 +392,9 @@ impl Drop for LaneEnv {
     fn drop(&mut self) {
         self.kubelet.take();
         for pid in &self.shard_workers {
-            super::process::signal(*pid, libc::SIGTERM);
+            crate::support::process::signal(*pid, libc::SIGTERM);
         }
-        super::process::signal(self.controller, libc::SIGTERM);
+        crate::support::process::signal(self.controller, libc::SIGTERM);
     }
 }
 
@@ -433,7 +434,7 @@ impl Traffic {
                 let every = Duration::from_secs_f64(1.0 / per_sec);
                 let started = Instant::now();
                 while !stop.load(Ordering::SeqCst) {
-                    let env = super::scenario::envelope(&tenant, sent.count);
+                    let env = crate::support::scenario::envelope(&tenant, sent.count);
                     let (q, outcome) = producer.send(&env).await.unwrap();
                     if matches!(outcome, EnqueueOutcome::Held { .. }) {
                         sent.held_ms.push(now_ms());

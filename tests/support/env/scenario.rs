@@ -12,7 +12,7 @@ use lanekeeper::scheduler::QueuePolicy;
 use lanekeeper::signing::Secret;
 use lanekeeper::store::{SetId, Store};
 
-use super::receiver::{now_ms, Receiver};
+use crate::support::receiver::{now_ms, Receiver};
 
 pub const Q: QueueId = QueueId::Shard(0);
 
@@ -24,7 +24,7 @@ pub struct Setup {
 }
 
 pub async fn setup(policy: QueuePolicy) -> Setup {
-    setup_on(&super::redis::shared().url, policy).await
+    setup_on(&crate::support::redis::shared().url, policy).await
 }
 
 /// [`setup`] on the Redis (or Redis Cluster) at `redis_url`.
@@ -82,9 +82,9 @@ impl Setup {
     }
 
     pub fn worker(&self, extra: &[&str]) -> u32 {
-        let mut args = super::workers::LOCAL_ARGS.to_vec();
+        let mut args = crate::support::workers::LOCAL_ARGS.to_vec();
         args.extend_from_slice(extra);
-        super::workers::spawn(&self.redis_url, &self.set, "shard-00", &args)
+        crate::support::workers::spawn(&self.redis_url, &self.set, "shard-00", &args)
     }
 
     /// Accepted deliveries, by envelope id.
@@ -135,8 +135,8 @@ pub fn envelope(tenant: &str, seq: u64) -> Envelope {
 
 /// SIGTERM a worker and check it exits 0.
 pub fn stop(pid: u32) {
-    super::process::signal(pid, libc::SIGTERM);
-    let code = super::process::wait_exit(pid, Duration::from_secs(30));
+    crate::support::process::signal(pid, libc::SIGTERM);
+    let code = crate::support::process::wait_exit(pid, Duration::from_secs(30));
     assert_eq!(
         code,
         Some(Some(0)),

@@ -1,0 +1,248 @@
+//! The Redis steps of a ShardSet reconcile: restoring a lost routing table,
+//! the reshard's plan and moves, queue policies and attribution.
+
+use super::apply::Shards;
+use super::set_labels;
+use super::Plan;
+use super::SetLanes;
+use crate::controller::lane;
+use crate::controller::reshard;
+use crate::controller::status;
+use crate::controller::store_for;
+use crate::controller::Context;
+use crate::crd::conditions;
+use crate::crd::DedicatedLane;
+use crate::crd::ShardSet;
+use crate::routing::QueueId;
+use crate::scheduler::QueuePolicy;
+use crate::store::Store;
+use kube::runtime::events::EventType;
+use kube::{Resource, ResourceExt};
+use std::time::Duration;
+
+/// `spec.redis.durability` as producers read it: the replica wait of `Replicated`.
+pub(super) fn replicated(set: &ShardSet) -> Option<Duration> {
+    match set.spec.redis.durability {
+        crate::crd::Durability::Fast => None,
+        crate::crd::Durability::Replicated => Some(set.spec.redis.replica_ack_timeout.into()),
+    }
+}
+
+/// Give the set's routing table its epoch mark, first rewriting what the
+/// controller knows when the mark is missing: the queue policies of the
+/// shards and lanes, the pins of the lanes that serve their tenants (from
+/// the DedicatedLanes' recorded phases), then the shard count, then the
+/// mark. Pins go before the shard count, so a producer never routes by a
+/// table that forgot a lane (it sees no table until the count is back).
+/// Returns the mark and, when Redis had lost the set's state (the status
+/// knew a mark, or lanes were pinned and the table is empty), what was
+/// restored.
+pub(super) async fn restore_routing(
+    set: &ShardSet,
+    store: &Store,
+    table: &crate::routing::RoutingTable,
+    lanes: &[DedicatedLane],
+    desired: u16,
+) -> Result<(String, Option<String>), crate::store::StoreError> {
+    if let Some(epoch) = &table.epoch {
+        return Ok((epoch.clone(), None));
+    }
+    let name = set.name_any();
+    let known = set.status.as_ref().and_then(|s| s.redis_epoch.clone());
+    let policy = QueuePolicy::from_spec(&set.spec);
+    let shards = if table.shards == 0 {
+        desired
+    } else {
+        table.shards
+    };
+    for n in 0..shards.max(desired) {
+        store.configure_queue(QueueId::Shard(n), &policy).await?;
+    }
+    let mut pins = Vec::new();
+    for lane in lanes.iter().filter(|l| l.spec.shard_set == name) {
+        if let Some(q) = lane.status.as_ref().and_then(lane::pinned_lane) {
+            store.configure_queue(q, &policy).await?;
+            if table.pins.get(&lane.spec.tenant) != Some(&q) {
+                store.pin(&lane.spec.tenant, q).await?;
+            }
+            pins.push(format!("{}→{q}", lane.spec.tenant));
+        }
+    }
+    store.set_durability(replicated(set)).await?;
+    if table.shards == 0 {
+        store.set_shards(desired).await?;
+    }
+    let mark = format!("{:016x}", rand::random::<u64>());
+    let held = store.mark_epoch(&mark).await?;
+    let lost = known.is_some() || (table.shards == 0 && !pins.is_empty());
+    let what = lost.then(|| {
+        format!(
+            "Redis lost this set's state: the routing table {} was gone{}. Restored: the shard count ({shards}), the queue policies of {} queues, and {}. Ingest answered 503 \"routing table missing\" and workers waited meanwhile. Envelopes queued before the loss, and the tenants' endpoints registered through ingest, were in that Redis too: re-register endpoints unless Redis restored them from persistence",
+            if known.is_some() { "and its epoch mark" } else { "" },
+            known.map(|k| format!(" (epoch {k}, now {held})")).unwrap_or_default(),
+            shards.max(desired) as usize + pins.len(),
+            if pins.is_empty() {
+                "no lane pins (no lane was serving a tenant)".to_string()
+            } else {
+                format!("the lane pins {}", pins.join(", "))
+            }
+        )
+    });
+    Ok((held, what))
+}
+
+/// Plan a shard-count change once the spec's shards are available, then
+/// advance its moves. Returns what status shows of it.
+pub(super) async fn run_reshard(
+    set: &ShardSet,
+    store: &Store,
+    memory: &mut reshard::SetMemory,
+    lanes: &SetLanes,
+    plan: &Plan,
+    shards: &Shards,
+    ctx: &Context,
+) -> Result<status::ReshardView, crate::store::StoreError> {
+    let (desired, keep, shards_up) = (plan.desired, plan.keep, shards.up);
+    let (lane_tenants, lane_names) = (&lanes.tenants, &lanes.names);
+    let mut view = status::ReshardView::default();
+    let table = store.routing().await?;
+    if table.shards == 0 {
+        // A new set: nothing lives anywhere yet.
+        store.set_shards(desired).await?;
+    } else if table.shards != desired {
+        if !shards_up {
+            // New shards first: nobody moves onto a shard without workers.
+            view.waiting_for_shards = true;
+            view.progress = memory.progress.clone();
+            return Ok(view);
+        }
+        // Lane moves and reshards take turns: wait for lanes moving now (new
+        // ones wait for the reshard from here on).
+        if let Err(busy) = store.reshard_begin(lane_names).await? {
+            view.waiting_for_lanes = busy;
+            view.progress = memory.progress.clone();
+            return Ok(view);
+        }
+        let policy = QueuePolicy::from_spec(&set.spec);
+        for n in 0..keep {
+            store.configure_queue(QueueId::Shard(n), &policy).await?;
+        }
+        memory.progress =
+            reshard::plan(store, desired, keep, lane_tenants, memory.progress.take()).await?;
+    }
+    if memory.progress.is_none() {
+        if table.shards == desired {
+            // Nothing to move (or the change was taken back): lane moves may start.
+            store.reshard_end().await?;
+        }
+        return Ok(view);
+    }
+    if !shards_up {
+        view.waiting_for_shards = true;
+        view.progress = memory.progress.clone();
+        return Ok(view);
+    }
+    let pass = reshard::advance(
+        store,
+        memory,
+        keep,
+        lane_tenants,
+        set.spec.relocation.drain_timeout(),
+        set.spec.relocation.max_concurrent_moves.max(1) as usize,
+    )
+    .await?;
+    let labels = set_labels(set);
+    for paused in &pass.finished {
+        ctx.metrics
+            .reshard_pause
+            .get_or_create(&labels)
+            .observe(paused.as_secs_f64());
+    }
+    ctx.metrics
+        .reshard_moves
+        .get_or_create(&labels)
+        .inc_by(pass.finished.len() as u64);
+    if let Some(done) = &pass.completed {
+        store.reshard_end().await?;
+        // The condition may be True for less than a watch round trip (idle
+        // tenants move in one pass): say what happened in an Event too.
+        ctx.event(
+            &set.object_ref(&()),
+            EventType::Normal,
+            conditions::RESHARDED,
+            "Reshard",
+            format!(
+                "resharded from {} to {} shards: moved {} of {} tenants",
+                done.from_shards, done.to_shards, done.moved, done.to_move
+            ),
+        )
+        .await;
+    }
+    view.progress = pass.progress;
+    view.draining = pass.draining;
+    Ok(view)
+}
+
+/// Write the queue policies; read attribution and export queue depths.
+/// `shards`: the shard queues in use (more than the spec's while a shrink
+/// runs). The routing table's shard count is the reshard's to write.
+pub(super) async fn sync_redis(
+    set: &ShardSet,
+    ctx: &Context,
+    shards: u16,
+) -> Result<status::RedisView, String> {
+    let store = store_for(set, ctx).await?;
+    let policy = QueuePolicy::from_spec(&set.spec);
+    let window: Duration = set.spec.promotion.window.into();
+    let mut view = status::RedisView::default();
+    for n in 0..shards {
+        let q = QueueId::Shard(n);
+        store
+            .configure_queue(q, &policy)
+            .await
+            .map_err(|e| e.to_string())?;
+        let stats = store
+            .tenant_stats(q, window)
+            .await
+            .map_err(|e| e.to_string())?;
+        let depth: u64 = stats.iter().map(|t| t.depth).sum();
+        ctx.metrics
+            .queue_depth
+            .get_or_create(&crate::telemetry::QueueDepthLabels {
+                namespace: set.namespace().unwrap_or_default(),
+                shard_set: set.name_any(),
+                queue: q.to_string(),
+            })
+            .set(depth as i64);
+        view.queues.push((q, stats));
+    }
+    // Lane queues: a series for each lane that has had a tenant (the lanes'
+    // own reconciler configures them); none for a lane never used.
+    for i in 0..crate::routing::MAX_LANES {
+        let q = QueueId::Lane(i);
+        let labels = crate::telemetry::QueueDepthLabels {
+            namespace: set.namespace().unwrap_or_default(),
+            shard_set: set.name_any(),
+            queue: q.to_string(),
+        };
+        let stats = store
+            .tenant_stats(q, window)
+            .await
+            .map_err(|e| e.to_string())?;
+        if stats.is_empty() {
+            ctx.metrics.queue_depth.remove(&labels);
+        } else {
+            let depth: u64 = stats.iter().map(|t| t.depth).sum();
+            ctx.metrics
+                .queue_depth
+                .get_or_create(&labels)
+                .set(depth as i64);
+        }
+    }
+    ctx.metrics
+        .shards
+        .get_or_create(&set_labels(set))
+        .set(set.spec.shards as i64);
+    view.settings = store.redis_settings().await.map_err(|e| e.to_string());
+    Ok(view)
+}
