@@ -10,10 +10,6 @@ pub mod ingest;
 pub mod policy;
 pub mod producer;
 pub mod routing;
-/// Until every user names [`policy`] (issue 19's restructure).
-pub mod scheduler {
-    pub use crate::policy::*;
-}
 pub mod signing;
 pub mod simulate;
 pub mod store;

@@ -19,6 +19,7 @@ pub mod lane;
 pub mod leader;
 pub mod metrics;
 pub mod promotion;
+pub mod relocation;
 pub mod reshard;
 mod shardset;
 pub mod status;

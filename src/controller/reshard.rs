@@ -43,16 +43,17 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::time::{Duration, Instant};
 
 use futures::StreamExt;
+use k8s_openapi::jiff::Timestamp;
 use tracing::{info, warn};
 
 use crate::crd::ReshardProgress;
 use crate::routing::{hash_shard, QueueId, RoutingTable};
 use crate::store::{Store, StoreError, TenantQueueState};
 
+use super::relocation::{self, Drain, DrainClock, MAX_RESHARD_BACKOFF};
+
 /// Moves in progress, advanced concurrently per pass (Redis round trips).
 const PASS_CONCURRENCY: usize = 32;
-/// Longest wait before a move that timed out draining is tried again.
-const MAX_RETRY_WAIT: Duration = Duration::from_secs(300);
 
 /// Tenants that must move when the shard count becomes `to`: the residents
 /// of each shard queue whose hash queue under `to` is another one, unless
@@ -115,16 +116,17 @@ pub enum Step {
     Backoff,
 }
 
-/// Decide the next step of a move from `source` to `target`. `paused_for` is
-/// how long this controller has seen it paused; `slot_free`, whether a busy
-/// tenant may start draining now.
+/// Decide the next step of a move from `source` to `target` at `now`.
+/// `clock` is what this controller has seen of the move (its pause, its
+/// aborted attempts); `slot_free`, whether a busy tenant may start draining
+/// now.
 pub fn next_step(
     st: &TenantQueueState,
     source: QueueId,
     target: QueueId,
-    paused_for: Option<Duration>,
+    clock: &DrainClock,
+    now: Timestamp,
     drain_timeout: Duration,
-    backing_off: bool,
     slot_free: bool,
 ) -> Step {
     if let Some(q) = st.moved_to {
@@ -134,7 +136,7 @@ pub fn next_step(
         return Step::Stay;
     }
     if !st.paused {
-        if backing_off {
+        if clock.backing_off(now) {
             return Step::Backoff;
         }
         return if st.drained() || slot_free {
@@ -143,38 +145,20 @@ pub fn next_step(
             Step::AwaitSlot
         };
     }
-    if st.drained() {
-        Step::Move
-    } else if paused_for.is_some_and(|d| d >= drain_timeout) {
-        Step::Abort
-    } else {
-        Step::Drain
+    match clock.verdict(st.drained(), now, drain_timeout) {
+        Drain::Drained => Step::Move,
+        Drain::Abort => Step::Abort,
+        Drain::Wait => Step::Drain,
     }
 }
 
-/// The retry wait after `attempts` drain timeouts: the timeout, doubling,
-/// at most [`MAX_RETRY_WAIT`].
-pub fn retry_wait(timeout: Duration, attempts: u32) -> Duration {
-    timeout
-        .saturating_mul(2u32.saturating_pow(attempts.saturating_sub(1)))
-        .clamp(super::lane::MIN_DRAIN_BACKOFF, MAX_RETRY_WAIT)
-}
-
-/// What this controller process remembers of one move (lost on restart,
-/// which only restarts the drain clock).
-#[derive(Clone, Debug, Default)]
-pub struct Memo {
-    pub paused_at: Option<Instant>,
-    pub retry_at: Option<Instant>,
-    pub attempts: u32,
-}
-
 /// Per-set memory of the reshard: the progress last decided (the cached
-/// object's status may lag behind our own writes) and each move's memo.
+/// object's status may lag behind our own writes) and each move's drain
+/// clock (lost on restart, which only restarts the drain).
 #[derive(Debug, Default)]
 pub struct SetMemory {
     pub progress: Option<ReshardProgress>,
-    pub moves: HashMap<String, Memo>,
+    pub moves: HashMap<String, DrainClock>,
 }
 
 /// Where a reshard stands after one pass.
@@ -318,7 +302,7 @@ pub async fn advance(
         .buffered(PASS_CONCURRENCY)
         .collect()
         .await;
-    let now = Instant::now();
+    let now = Timestamp::now();
     let mut draining = states
         .iter()
         .filter_map(|s| s.as_ref().ok())
@@ -337,9 +321,9 @@ pub async fn advance(
             &st,
             *source,
             target,
-            memo.paused_at.map(|at| now - at),
+            memo,
+            now,
             drain_timeout,
-            memo.retry_at.is_some_and(|at| at > now),
             draining < max_concurrent,
         );
         if step == Step::Pause && !st.drained() {
@@ -372,10 +356,7 @@ pub async fn advance(
                 memo.paused_at.get_or_insert(now);
             }
             Step::Abort => {
-                memo.attempts += 1;
-                memo.paused_at = None;
-                let wait = retry_wait(drain_timeout, memo.attempts);
-                memo.retry_at = Some(now + wait);
+                let wait = memo.abort(now, drain_timeout, MAX_RESHARD_BACKOFF);
                 warn!(%tenant, from = %source, to = %target, attempts = memo.attempts, ?wait, "reshard: drain timed out; resumed in place, will retry");
             }
             _ => {}
@@ -409,9 +390,13 @@ async fn execute(
     source: QueueId,
     target: QueueId,
     step: Step,
-    paused_at: Option<Instant>,
+    paused_at: Option<Timestamp>,
 ) -> Result<Option<Duration>, StoreError> {
-    let paused_for = || paused_at.map(|at| at.elapsed()).unwrap_or_default();
+    let paused_for = || {
+        paused_at
+            .map(|at| relocation::since(at, Timestamp::now()))
+            .unwrap_or_default()
+    };
     match step {
         Step::Finish(to) => {
             finish(store, tenant, source, to).await?;
@@ -441,7 +426,7 @@ async fn execute(
             }
         }
         Step::Abort => {
-            store.resume(source, tenant).await?;
+            relocation::abort(store, source, tenant).await?;
             Ok(None)
         }
         Step::AwaitSlot | Step::Drain | Step::Backoff => Ok(None),
@@ -457,10 +442,10 @@ async fn repin(
     target: QueueId,
 ) -> Result<bool, StoreError> {
     store.pause(target, tenant).await?;
-    if !store.mark_moved(source, tenant, target).await? {
+    if !relocation::hand_over(store, tenant, source, target).await? {
         return Ok(false);
     }
-    finish(store, tenant, source, target).await?;
+    land(store, tenant, target).await?;
     Ok(true)
 }
 
@@ -474,6 +459,12 @@ async fn finish(
     to: QueueId,
 ) -> Result<(), StoreError> {
     store.move_hold(source, to, tenant).await?;
+    land(store, tenant, to).await
+}
+
+/// The hold buffer is on `to`: resume the tenant there and remove the pin
+/// (last, so a pin to a shard is exactly a move not finished).
+async fn land(store: &Store, tenant: &str, to: QueueId) -> Result<(), StoreError> {
     store.resume(to, tenant).await?;
     store.unpin(tenant).await?;
     Ok(())
@@ -543,8 +534,14 @@ mod tests {
     fn steps_follow_the_tenant_state() {
         let (s, t) = (QueueId::Shard(1), QueueId::Shard(5));
         let timeout = Duration::from_secs(60);
-        let step = |st: &TenantQueueState, paused_for, backoff, slot| {
-            next_step(st, s, t, paused_for, timeout, backoff, slot)
+        let now = Timestamp::from_second(10_000).unwrap();
+        let step = |st: &TenantQueueState, paused_for: Option<Duration>, backoff: bool, slot| {
+            let clock = DrainClock {
+                paused_at: paused_for.map(|d| now - d),
+                attempts: backoff as u32,
+                retry_at: backoff.then(|| relocation::later(now, Duration::from_secs(1))),
+            };
+            next_step(st, s, t, &clock, now, timeout, slot)
         };
         // idle tenants move at once, even with no slot free
         assert_eq!(step(&state(0, 0, false), None, false, false), Step::Pause);
@@ -569,20 +566,16 @@ mod tests {
         );
         // the spec went back: stay
         assert_eq!(
-            next_step(&state(2, 0, true), s, s, None, timeout, false, true),
+            next_step(
+                &state(2, 0, true),
+                s,
+                s,
+                &DrainClock::default(),
+                now,
+                timeout,
+                true
+            ),
             Step::Stay
-        );
-    }
-
-    #[test]
-    fn retry_waits_double_up_to_a_bound() {
-        let t = Duration::from_secs(60);
-        assert_eq!(retry_wait(t, 1), t);
-        assert_eq!(retry_wait(t, 2), 2 * t);
-        assert_eq!(retry_wait(t, 10), MAX_RETRY_WAIT);
-        assert_eq!(
-            retry_wait(Duration::from_nanos(1), 3),
-            super::super::lane::MIN_DRAIN_BACKOFF
         );
     }
 }

@@ -32,7 +32,7 @@ spec:
     s
 }
 
-fn api_error(code: StatusCode, reason: &str) -> Response<Body> {
+pub(crate) fn api_error(code: StatusCode, reason: &str) -> Response<Body> {
     let status = serde_json::json!({
         "kind": "Status", "apiVersion": "v1", "status": "Failure",
         "message": format!("mock says {reason}"), "reason": reason, "code": code.as_u16(),
@@ -44,14 +44,14 @@ fn api_error(code: StatusCode, reason: &str) -> Response<Body> {
         .unwrap()
 }
 
-fn ctx() -> (Arc<Context>, Handle<Request<Body>, Response<Body>>) {
+pub(crate) fn ctx() -> (Arc<Context>, Handle<Request<Body>, Response<Body>>) {
     let (svc, handle) = mock::pair::<Request<Body>, Response<Body>>();
     let client = Client::new(svc, "default");
     (Arc::new(Context::new(client, Default::default())), handle)
 }
 
 /// Answer the next request, checking its method and path.
-async fn expect(
+pub(crate) async fn expect(
     handle: &mut Handle<Request<Body>, Response<Body>>,
     method: Method,
     path_end: &str,
@@ -68,6 +68,24 @@ async fn expect(
         req.uri()
     );
     send.send_response(response);
+}
+
+/// The condition of type `type_` in a status patch.
+pub(crate) fn condition_in(patch: &serde_json::Value, type_: &str) -> serde_json::Value {
+    let conditions = patch["status"]["conditions"].as_array().unwrap();
+    let found = conditions.iter().find(|c| c["type"] == type_);
+    found
+        .unwrap_or_else(|| panic!("no {type_} in {patch}"))
+        .clone()
+}
+
+/// The reconcile error metric counts one error of `kind`.
+pub(crate) fn counted_once(ctx: &Context, controller: &str, kind: &str) {
+    let text = crate::telemetry::Encode::encode(&ctx.metrics);
+    let line = format!(
+        "lanekeeper_reconcile_errors_total{{controller=\"{controller}\",kind=\"{kind}\"}} 1"
+    );
+    assert!(text.contains(&line), "{text}");
 }
 
 /// Answer the lists a reconcile starts with (shard Deployments, lanes): none.
@@ -144,11 +162,7 @@ async fn server_errors_are_transient_not_fatal() {
         error_policy(set, &err, ctx.clone()),
         Action::requeue(Duration::from_secs(2))
     );
-    let text = crate::telemetry::Encode::encode(&ctx.metrics);
-    assert!(
-        text.contains(r#"lanekeeper_reconcile_errors_total{controller="shardset",kind="kube"} 1"#),
-        "{text}"
-    );
+    counted_once(&ctx, "shardset", "kube");
 }
 
 #[tokio::test]
@@ -189,13 +203,7 @@ async fn an_unservable_spec_is_degraded_and_waits_for_a_change() {
             .unwrap()
             .to_bytes();
         let patch: serde_json::Value = serde_json::from_slice(&body).unwrap();
-        let degraded = patch["status"]["conditions"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .find(|c| c["type"] == "Degraded")
-            .unwrap()
-            .clone();
+        let degraded = condition_in(&patch, "Degraded");
         assert_eq!(degraded["status"], "True");
         assert_eq!(degraded["reason"], "InvalidSpec");
         assert_eq!(patch["status"]["observedGeneration"], 3);

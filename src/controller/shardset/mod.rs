@@ -3,7 +3,7 @@
 mod apply;
 mod finalize;
 #[cfg(test)]
-mod mock_tests;
+pub(crate) mod mock_tests;
 mod redis;
 
 pub use finalize::{finalize_step, Finalize, FINALIZER};
