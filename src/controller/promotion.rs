@@ -130,10 +130,8 @@ pub fn set_deadline(tick: Duration) -> Duration {
 /// set whose previous round still runs is skipped, so a Redis that accepts
 /// and never answers delays only its own sets.
 pub async fn run(ctx: Arc<Context>, namespace: Option<String>, tick: Duration) {
-    let sets: Api<DeserializeGuard<ShardSet>> = match &namespace {
-        Some(ns) => Api::namespaced(ctx.client.clone(), ns),
-        None => Api::all(ctx.client.clone()),
-    };
+    let sets: Api<DeserializeGuard<ShardSet>> =
+        super::api::scoped(&ctx.client, namespace.as_deref());
     let mut interval = tokio::time::interval(tick.max(Duration::from_millis(100)));
     interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let permits = Arc::new(tokio::sync::Semaphore::new(PROMOTION_CONCURRENCY));

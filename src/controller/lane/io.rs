@@ -97,19 +97,21 @@ impl Io<'_> {
                 _ => false,
             }
         };
-        if flipped("Relocating") {
-            if let Some(c) = st
-                .conditions
-                .iter()
-                .find(|c| c.type_ == "Relocating" && c.reason == "DrainTimeout")
-            {
-                self.event(EventType::Warning, "DrainTimeout", c.message.clone())
-                    .await;
+        if flipped(conditions::RELOCATING) {
+            if let Some(c) = st.conditions.iter().find(|c| {
+                c.type_ == conditions::RELOCATING && c.reason == conditions::DRAIN_TIMEOUT
+            }) {
+                self.event(
+                    EventType::Warning,
+                    conditions::DRAIN_TIMEOUT,
+                    c.message.clone(),
+                )
+                .await;
             }
         }
-        if flipped("Admitted") {
+        if flipped(conditions::ADMITTED) {
             if let Some(c) = st.conditions.iter().find(|c| {
-                c.type_ == "Admitted"
+                c.type_ == conditions::ADMITTED
                     && c.status == "False"
                     && c.reason != "Pending"
                     && c.reason != "Retired"
@@ -122,19 +124,13 @@ impl Io<'_> {
             // Nothing changed (a lane still waiting, say): no write.
             return Ok(());
         }
-        let patch = serde_json::json!({
-            "apiVersion": "lanekeeper.io/v1alpha1",
-            "kind": "DedicatedLane",
-            "status": st,
-        });
-        let updated = self
-            .lanes
-            .patch_status(
-                &self.lane.name_any(),
-                &PatchParams::apply(FIELD_MANAGER).force(),
-                &Patch::Apply(&patch),
-            )
-            .await?;
+        let updated = crate::controller::api::apply_status(
+            &self.lanes,
+            &self.lane.name_any(),
+            FIELD_MANAGER,
+            &st,
+        )
+        .await?;
         self.lane = updated;
         Ok(())
     }
@@ -356,7 +352,7 @@ impl Io<'_> {
                     self.store.pin(&tenant, *lane_q).await?;
                     self.event(
                         EventType::Warning,
-                        "Repinned",
+                        conditions::REPINNED,
                         format!("{tenant} was not pinned to {lane_q} in the routing table; pinned again"),
                     )
                     .await;

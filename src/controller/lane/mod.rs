@@ -64,6 +64,7 @@ pub const FINALIZER: &str = "lanekeeper.io/relocation";
 /// phase, to prove that every step can be repeated after a crash.
 pub const CRASH_HOOK_ENV: &str = "LANEKEEPER_TEST_CRASH_AFTER_PHASE";
 
+use crate::crd::conditions;
 use step::POLL;
 
 /// Run the DedicatedLane controller until `stop` resolves.
@@ -72,14 +73,10 @@ pub async fn run(
     namespace: Option<String>,
     stop: impl std::future::Future<Output = ()> + Send + Sync + 'static,
 ) {
-    let lanes: Api<DeserializeGuard<DedicatedLane>> = match &namespace {
-        Some(ns) => Api::namespaced(ctx.client.clone(), ns),
-        None => Api::all(ctx.client.clone()),
-    };
-    let sets: Api<DeserializeGuard<ShardSet>> = match &namespace {
-        Some(ns) => Api::namespaced(ctx.client.clone(), ns),
-        None => Api::all(ctx.client.clone()),
-    };
+    let ns = namespace.as_deref();
+    let lanes: Api<DeserializeGuard<DedicatedLane>> =
+        crate::controller::api::scoped(&ctx.client, ns);
+    let sets: Api<DeserializeGuard<ShardSet>> = crate::controller::api::scoped(&ctx.client, ns);
     let controller = Controller::new(lanes.clone(), watcher::Config::default().any_semantic());
     // A lane refused for the cap waits for a slot: it is woken when a lane of
     // its set frees one (retired, retiring, deleted) or the set changes (a
@@ -185,6 +182,7 @@ fn error_policy(
 }
 
 /// One reconcile: run phase steps until the lane must wait for something.
+#[tracing::instrument(name = "reconcile_lane", skip_all, fields(namespace = %cached.namespace().unwrap_or_default(), lane = %cached.name_any(), tenant = %cached.spec.tenant))]
 async fn reconcile(cached: &DedicatedLane, ctx: &Context) -> Result<Action, LaneError> {
     let ns = cached.namespace().unwrap_or_default();
     let name = cached.name_any();
@@ -217,24 +215,17 @@ async fn reconcile(cached: &DedicatedLane, ctx: &Context) -> Result<Action, Lane
         let mut st = lane.status.clone().unwrap_or_default();
         st.phase = LanePhase::Failed;
         let mut conds = st.conditions.clone();
-        conds.retain(|c| c.type_ != "Admitted");
+        conds.retain(|c| c.type_ != conditions::ADMITTED);
         conds.push(condition(
             &st.conditions,
-            "Admitted",
+            conditions::ADMITTED,
             false,
-            "ShardSetNotFound",
+            conditions::SHARD_SET_NOT_FOUND,
             format!("ShardSet {} does not exist in {ns}", lane.spec.shard_set),
             lane.metadata.generation,
         ));
         st.conditions = conds;
-        let patch = serde_json::json!({"apiVersion": "lanekeeper.io/v1alpha1", "kind": "DedicatedLane", "status": st});
-        lanes
-            .patch_status(
-                &name,
-                &PatchParams::apply(FIELD_MANAGER).force(),
-                &Patch::Apply(&patch),
-            )
-            .await?;
+        crate::controller::api::apply_status(&lanes, &name, FIELD_MANAGER, &st).await?;
         return Ok(Action::requeue(Duration::from_secs(30)));
     };
 

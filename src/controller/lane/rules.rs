@@ -11,6 +11,7 @@ use crate::crd::{DedicatedLane, DedicatedLaneStatus, LanePhase, MAX_LANES};
 use crate::routing::QueueId;
 
 use super::super::status::condition;
+use crate::crd::conditions;
 
 /// Why a lane has no index.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -91,17 +92,17 @@ pub fn conditions(
     let admitted = match (st.lane_index, refusal) {
         (_, Some(Refusal::NoWorkers)) => condition(
             prev,
-            "Admitted",
+            conditions::ADMITTED,
             false,
-            "NoWorkers",
+            conditions::NO_WORKERS,
             "the lane's worker template has 0 replicas: the tenant stays on its shard until the lane has workers (set worker.replicas to 1 or more)".to_string(),
             generation,
         ),
         (Some(i), _) if over_cap(i, max_lanes) => condition(
             prev,
-            "Admitted",
+            conditions::ADMITTED,
             false,
-            "OverCap",
+            conditions::OVER_CAP,
             format!(
                 "lane index {i} is beyond maxLanes {max_lanes} (lowered): the tenant goes back to its hash shard and the lane waits for an index under the cap"
             ),
@@ -109,31 +110,31 @@ pub fn conditions(
         ),
         (Some(i), _) => condition(
             prev,
-            "Admitted",
+            conditions::ADMITTED,
             true,
-            "UnderCap",
+            conditions::UNDER_CAP,
             format!("lane {i} of {max_lanes}"),
             generation,
         ),
         (None, Some(Refusal::LaneCapReached { used, max })) => condition(
             prev,
-            "Admitted",
+            conditions::ADMITTED,
             false,
-            "LaneCapReached",
+            conditions::LANE_CAP_REACHED,
             format!("{used} of {max} lanes are admitted; this lane waits for one to be retired"),
             generation,
         ),
         (None, Some(Refusal::DuplicateTenant(other))) => condition(
             prev,
-            "Admitted",
+            conditions::ADMITTED,
             false,
-            "DuplicateTenant",
+            conditions::DUPLICATE_TENANT,
             format!("DedicatedLane {other} already serves this tenant"),
             generation,
         ),
         (None, None) if st.phase == LanePhase::Retired => condition(
             prev,
-            "Admitted",
+            conditions::ADMITTED,
             false,
             "Retired",
             "the lane is retired and its index freed".to_string(),
@@ -141,7 +142,7 @@ pub fn conditions(
         ),
         (None, None) => condition(
             prev,
-            "Admitted",
+            conditions::ADMITTED,
             false,
             "Pending",
             "waiting for a lane index".to_string(),
@@ -153,7 +154,7 @@ pub fn conditions(
     let ready = match st.phase {
         LanePhase::Active => condition(
             prev,
-            "Ready",
+            conditions::READY,
             true,
             "Active",
             format!("the tenant is served by {target}"),
@@ -161,7 +162,7 @@ pub fn conditions(
         ),
         phase => condition(
             prev,
-            "Ready",
+            conditions::READY,
             false,
             &format!("{phase:?}"),
             format!("phase {phase:?}"),
@@ -172,7 +173,7 @@ pub fn conditions(
     let relocating = if moving {
         condition(
             prev,
-            "Relocating",
+            conditions::RELOCATING,
             true,
             if promoting(st) {
                 "Promoting"
@@ -185,9 +186,9 @@ pub fn conditions(
     } else if st.waiting_for_reshard {
         condition(
             prev,
-            "Relocating",
+            conditions::RELOCATING,
             false,
-            "WaitingForReshard",
+            conditions::WAITING_FOR_RESHARD,
             "the ShardSet is changing its shard count; this lane's move starts when that is done"
                 .to_string(),
             generation,
@@ -200,9 +201,9 @@ pub fn conditions(
             .unwrap_or_default();
         condition(
             prev,
-            "Relocating",
+            conditions::RELOCATING,
             false,
-            "DrainTimeout",
+            conditions::DRAIN_TIMEOUT,
             format!(
                 "{source} did not drain within the drain timeout ({} attempts); the tenant was resumed where it was; next attempt at {next}",
                 st.drain_attempts
@@ -212,9 +213,9 @@ pub fn conditions(
     } else {
         condition(
             prev,
-            "Relocating",
+            conditions::RELOCATING,
             false,
-            "Idle",
+            conditions::IDLE,
             "no move under way".to_string(),
             generation,
         )
@@ -252,7 +253,9 @@ pub fn waits_for_cap(lane: &DedicatedLane) -> bool {
     lane.status.as_ref().is_some_and(|st| {
         st.lane_index.is_none()
             && st.conditions.iter().any(|c| {
-                c.type_ == "Admitted" && c.status == "False" && c.reason == "LaneCapReached"
+                c.type_ == conditions::ADMITTED
+                    && c.status == "False"
+                    && c.reason == conditions::LANE_CAP_REACHED
             })
     })
 }

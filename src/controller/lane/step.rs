@@ -233,7 +233,7 @@ pub fn next_step(f: &Facts) -> Step {
                     let since = st
                         .conditions
                         .iter()
-                        .find(|c| c.type_ == "Admitted")
+                        .find(|c| c.type_ == conditions::ADMITTED)
                         .map(|c| relocation::since(c.last_transition_time.0, f.now))
                         .unwrap_or_default();
                     return wait(admission_retry(since));
