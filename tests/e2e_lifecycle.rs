@@ -465,3 +465,50 @@ fn pods_that_cannot_be_created_are_degraded() {
         "{message}"
     );
 }
+
+/// Issue 19: a DedicatedLane this version cannot decode does not stall the
+/// ShardSets of its namespace. The lane's status holds what the schema allows
+/// and Rust cannot (a lane index past `i32`); the set's reconcile lists the
+/// namespace's lanes, skips that one with a log line, and the set becomes
+/// Ready. Before the lists were guarded, every reconcile of every set in the
+/// namespace failed to decode the list, and no status was ever written; the
+/// lane reconciler's admission and the promotion loop list the lanes too.
+#[test]
+fn a_lane_that_cannot_be_decoded_does_not_stall_its_set() {
+    let env = Env::start("life-undecodable", &[]);
+    env.lane("hooks-bad", "bad");
+    env.wait(
+        "the lane controller to see the lane",
+        Duration::from_secs(60),
+        || !env.phase("hooks-bad").is_empty(),
+    );
+    env.cp.kubectl_ok(&[
+        "patch",
+        "dedicatedlane",
+        "hooks-bad",
+        "-n",
+        &env.ns,
+        "--subresource=status",
+        "--type=merge",
+        "-p",
+        r#"{"status":{"laneIndex":5000000000}}"#,
+    ]);
+    let stored = env.get("dedicatedlane", "hooks-bad").unwrap();
+    assert_eq!(stored["status"]["laneIndex"], 5_000_000_000i64, "{stored}");
+    env.apply(&env.set_yaml(1, "", ""));
+    env.wait_ready();
+    // Nor does it stop another lane's admission (the lanes of the set are
+    // listed to hand out an index).
+    env.lane("hooks-whale", "whale");
+    env.wait(
+        "the other lane to be admitted",
+        Duration::from_secs(60),
+        || env.condition("dedicatedlane", "hooks-whale", "Admitted").0 == "True",
+    );
+    let log = std::fs::read_to_string(&env.log).unwrap_or_default();
+    assert!(
+        log.contains("cannot be decoded"),
+        "the skipped lane is logged: {}",
+        support::process::tail(&env.log, 30)
+    );
+}

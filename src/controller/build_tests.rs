@@ -1,4 +1,5 @@
 //! Tests of the pure builders in `build.rs`.
+
 use super::*;
 
 fn set(yaml: &str) -> ShardSet {
@@ -15,11 +16,11 @@ metadata: {name: webhooks}
 spec:
   shards: 3
   redis:
-urlSecretRef: {name: redis, key: url}
+    urlSecretRef: {name: redis, key: url}
   worker:
-image: lanekeeper:1.2.3
-replicas: 2
-concurrency: 24
+    image: lanekeeper:1.2.3
+    replicas: 2
+    concurrency: 24
 "#;
 
 #[test]
@@ -158,9 +159,9 @@ fn lane_deployment_runs_the_lane_queue_with_overrides() {
         ..Default::default()
     });
     let lane: DedicatedLane = serde_yaml::from_str(
-        "apiVersion: lanekeeper.io/v1alpha1\nkind: DedicatedLane\nmetadata: {name: webhooks-acme}\nspec: {shardSet: webhooks, tenant: acme, worker: {replicas: 3}}\n",
-    )
-    .unwrap();
+            "apiVersion: lanekeeper.io/v1alpha1\nkind: DedicatedLane\nmetadata: {name: webhooks-acme}\nspec: {shardSet: webhooks, tenant: acme, worker: {replicas: 3}}\n",
+        )
+        .unwrap();
     let d = lane_deployment(&s, &lane, 5).unwrap();
     assert_eq!(d.metadata.name.as_deref(), Some("webhooks-lane-5"));
     let labels = d.metadata.labels.as_ref().unwrap();
@@ -267,8 +268,8 @@ fn incomplete_objects_are_an_error() {
 
 fn worker_set(worker_yaml: &str) -> ShardSet {
     set(&format!(
-        "apiVersion: lanekeeper.io/v1alpha1\nkind: ShardSet\nmetadata: {{name: w}}\nspec:\n  shards: 1\n  redis: {{url: \"redis://r:6379\"}}\n  worker: {worker_yaml}\n"
-    ))
+            "apiVersion: lanekeeper.io/v1alpha1\nkind: ShardSet\nmetadata: {{name: w}}\nspec:\n  shards: 1\n  redis: {{url: \"redis://r:6379\"}}\n  worker: {worker_yaml}\n"
+        ))
 }
 
 fn refused(worker_yaml: &str, policy: &WorkerPolicy) -> PolicyViolation {
@@ -335,9 +336,9 @@ fn a_service_account_the_operator_did_not_allow_is_refused() {
 fn secrets_priority_classes_images_and_tolerations_are_the_operators_to_allow() {
     let none = WorkerPolicy::default();
     let v = refused(
-        "{image: lk:1, env: [{name: TOKEN, valueFrom: {secretKeyRef: {name: prod-db, key: password}}}]}",
-        &none,
-    );
+            "{image: lk:1, env: [{name: TOKEN, valueFrom: {secretKeyRef: {name: prod-db, key: password}}}]}",
+            &none,
+        );
     assert_eq!(v.field, "spec.worker.env[0].valueFrom.secretKeyRef.name");
     assert_eq!(v.reason, "SecretNotAllowed");
     let v = refused(
@@ -357,8 +358,8 @@ fn secrets_priority_classes_images_and_tolerations_are_the_operators_to_allow() 
     };
     let ok = worker_set(
         "{image: 'ghcr.io/acme/lanekeeper:1.2', priorityClassName: webhooks, \
-         tolerations: [{key: dedicated, operator: Exists}], \
-         env: [{name: KEY, valueFrom: {secretKeyRef: {name: hooks-signing, key: k}}}]}",
+             tolerations: [{key: dedicated, operator: Exists}], \
+             env: [{name: KEY, valueFrom: {secretKeyRef: {name: hooks-signing, key: k}}}]}",
     );
     enforce_worker_policy(&ok, &allowing).unwrap();
     for image in ["registry.acme/x/y:1", "ghcr.io/acme/lanekeeper@sha256:00"] {

@@ -221,13 +221,13 @@ async fn tick_set(set: &ShardSet, ctx: &Context) -> anyhow::Result<()> {
         .map_err(|e| anyhow::anyhow!(e))?;
     let routing = store.routing().await?;
     let lanes_api: Api<DedicatedLane> = Api::namespaced(ctx.client.clone(), &ns);
-    let lanes: Vec<DedicatedLane> = lanes_api
-        .list(&ListParams::default())
-        .await?
-        .items
-        .into_iter()
-        .filter(|l| l.spec.shard_set == name)
-        .collect();
+    // Guarded: a lane this version cannot decode must not stop promotion.
+    let guarded: Api<DeserializeGuard<DedicatedLane>> = Api::namespaced(ctx.client.clone(), &ns);
+    let lanes: Vec<DedicatedLane> =
+        super::api::decoded(guarded.list(&ListParams::default()).await?.items, &name)
+            .into_iter()
+            .filter(|l| l.spec.shard_set == name)
+            .collect();
     let with_lane: BTreeSet<String> = lanes.iter().map(|l| l.spec.tenant.clone()).collect();
 
     // Read as whole buckets plus the current, partial one: a share read just

@@ -1,4 +1,5 @@
 //! Tests of the pure status functions in `status.rs`.
+
 use super::*;
 
 #[test]
@@ -45,9 +46,9 @@ fn skew_and_top_tenants() {
 
 fn a_set() -> ShardSet {
     serde_yaml::from_str(
-        "apiVersion: lanekeeper.io/v1alpha1\nkind: ShardSet\nmetadata: {name: s, namespace: n}\nspec: {shards: 1, redis: {url: \"redis://r\"}, worker: {image: i}}\n",
-    )
-    .unwrap()
+            "apiVersion: lanekeeper.io/v1alpha1\nkind: ShardSet\nmetadata: {name: s, namespace: n}\nspec: {shards: 1, redis: {url: \"redis://r\"}, worker: {image: i}}\n",
+        )
+        .unwrap()
 }
 
 fn cond<'a>(st: &'a ShardSetStatus, t: &str) -> &'a Condition {
@@ -267,7 +268,7 @@ fn pods_that_cannot_be_created_are_degraded() {
         "s-shard-00",
         1,
         serde_json::json!([
-        {"type": "ReplicaFailure", "status": "False", "reason": "Recovered"}]),
+            {"type": "ReplicaFailure", "status": "False", "reason": "Recovered"}]),
     );
     assert_eq!(deployment_failure(&healthy), None);
 }

@@ -198,11 +198,17 @@ impl Io<'_> {
     ) -> Result<Option<Refusal>, LaneError> {
         let _guard = self.ctx.admission.lock().await;
         let set_name = self.set.name_any();
-        let slots: Vec<LaneSlot> = self
-            .lanes
-            .list(&ListParams::default())
-            .await?
-            .items
+        // Guarded: one lane this version cannot decode must not stop every
+        // lane of the namespace from being admitted.
+        let guarded: Api<kube::core::DeserializeGuard<DedicatedLane>> = Api::namespaced(
+            self.ctx.client.clone(),
+            &self.lane.namespace().unwrap_or_default(),
+        );
+        let all = crate::controller::api::decoded(
+            guarded.list(&ListParams::default()).await?.items,
+            &self.lane.name_any(),
+        );
+        let slots: Vec<LaneSlot> = all
             .iter()
             .filter(|l| l.spec.shard_set == set_name)
             .map(|l| {
