@@ -48,20 +48,12 @@ impl FromStr for QueueId {
     fn from_str(s: &str) -> Result<Self, Self::Err> {
         let bad = || BadQueueName(s.to_string());
         if let Some(n) = s.strip_prefix("shard-") {
-            let n: u16 = n.parse().map_err(|_| bad())?;
-            return if n < MAX_SHARDS {
-                Ok(QueueId::Shard(n))
-            } else {
-                Err(bad())
-            };
+            let n = n.parse::<u16>().ok().filter(|n| *n < MAX_SHARDS);
+            return n.map(QueueId::Shard).ok_or_else(bad);
         }
         if let Some(n) = s.strip_prefix("lane-") {
-            let n: u8 = n.parse().map_err(|_| bad())?;
-            return if n < MAX_LANES {
-                Ok(QueueId::Lane(n))
-            } else {
-                Err(bad())
-            };
+            let n = n.parse::<u8>().ok().filter(|n| *n < MAX_LANES);
+            return n.map(QueueId::Lane).ok_or_else(bad);
         }
         Err(bad())
     }
