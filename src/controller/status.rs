@@ -554,24 +554,12 @@ fn redis_conditions(
 /// Max over median of per-shard worker-seconds, and the tenants with the
 /// largest share of their queue's worker-seconds.
 pub fn attribution(view: &RedisView) -> (Option<f64>, Vec<TenantShare>) {
-    let mut per_shard: Vec<f64> = view
+    let per_shard: Vec<f64> = view
         .queues
         .iter()
         .map(|(_, stats)| stats.iter().map(|t| t.worker_seconds).sum())
         .collect();
-    per_shard.sort_by(f64::total_cmp);
-    let skew = if per_shard.is_empty() {
-        None
-    } else {
-        let n = per_shard.len();
-        let median = if n % 2 == 1 {
-            per_shard[n / 2]
-        } else {
-            (per_shard[n / 2 - 1] + per_shard[n / 2]) / 2.0
-        };
-        let max = per_shard[n - 1];
-        (median > 0.0).then(|| ((max / median) * 100.0).round() / 100.0)
-    };
+    let skew = crate::policy::attribution::skew(&per_shard).map(|s| (s * 100.0).round() / 100.0);
     let mut top: Vec<TenantShare> = view
         .queues
         .iter()

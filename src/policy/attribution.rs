@@ -42,6 +42,22 @@ pub fn covered(window: Duration, now_ms: u64) -> Duration {
     Duration::from_millis((buckets(window) - 1) * BUCKET_MS + now_ms % BUCKET_MS)
 }
 
+/// Skew of a set's shards: the busiest shard's worker-seconds over the
+/// median shard's (as ShardSet status and the simulator report it). `None`
+/// with no shard, or when the median shard did nothing.
+pub fn skew(per_shard: &[f64]) -> Option<f64> {
+    let mut sorted = per_shard.to_vec();
+    sorted.sort_by(f64::total_cmp);
+    let n = sorted.len();
+    let max = *sorted.last()?;
+    let median = if n % 2 == 1 {
+        sorted[n / 2]
+    } else {
+        (sorted[n / 2 - 1] + sorted[n / 2]) / 2.0
+    };
+    (median > 0.0).then(|| max / median)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -64,5 +80,14 @@ mod tests {
             Duration::from_secs(34)
         );
         assert_eq!(bucket_of(1_000_004_000), 100_000);
+    }
+
+    #[test]
+    fn skew_is_the_busiest_shard_over_the_median() {
+        assert_eq!(skew(&[]), None);
+        assert_eq!(skew(&[5.0]), Some(1.0));
+        assert_eq!(skew(&[1.0, 9.0, 3.0]), Some(3.0));
+        assert_eq!(skew(&[2.0, 4.0, 6.0, 12.0]), Some(2.4));
+        assert_eq!(skew(&[0.0, 0.0, 7.0]), None, "the median shard did nothing");
     }
 }

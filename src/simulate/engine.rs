@@ -896,24 +896,13 @@ impl<'a> Sim<'a> {
                 whale_drain.push((name.clone(), (last - first) as f64 / 1000.0));
             }
         }
-        let mut per_shard: Vec<f64> = self
+        let per_shard: Vec<f64> = self
             .queues
             .iter()
             .filter(|q| matches!(q.id, QueueId::Shard(_)))
             .map(|q| q.worker_seconds)
             .collect();
-        per_shard.sort_by(f64::total_cmp);
-        let n = per_shard.len();
-        let median = if n % 2 == 1 {
-            per_shard[n / 2]
-        } else {
-            (per_shard[n / 2 - 1] + per_shard[n / 2]) / 2.0
-        };
-        let skew = if median > 0.0 {
-            per_shard[n - 1] / median
-        } else {
-            f64::INFINITY
-        };
+        let skew = crate::policy::attribution::skew(&per_shard).unwrap_or(f64::INFINITY);
         let makespan = finished_at.iter().copied().max().unwrap_or(0) as f64 / 1000.0;
         Ok(StrategyResult {
             strategy: self.strategy,
