@@ -36,19 +36,25 @@ impl<K: Hash + Eq + Clone, V: Clone> TtlCache<K, V> {
         (at.elapsed() < self.ttl).then(|| v.clone())
     }
 
-    /// Remember `value` for `key` from now.
+    /// Remember `value` for `key` from now. A full cache first drops what
+    /// expired; if still full, it drops the oldest eighth of its capacity
+    /// at once, so a cache full of fresh entries costs one scan per
+    /// `capacity / 8` inserts, not one per insert (the worker inserts on
+    /// its delivery path).
     pub fn insert(&self, key: K, value: V) {
         let mut entries = self.entries();
         if entries.len() >= self.capacity && !entries.contains_key(&key) {
             let ttl = self.ttl;
             entries.retain(|_, (at, _)| at.elapsed() < ttl);
             if entries.len() >= self.capacity {
-                if let Some(oldest) = entries
+                let n = (self.capacity / 8).max(1);
+                let mut by_age: Vec<(Instant, K)> = entries
                     .iter()
-                    .min_by_key(|(_, (at, _))| *at)
-                    .map(|(k, _)| k.clone())
-                {
-                    entries.remove(&oldest);
+                    .map(|(k, (at, _))| (*at, k.clone()))
+                    .collect();
+                by_age.select_nth_unstable_by_key(n - 1, |(at, _)| *at);
+                for (_, k) in by_age.into_iter().take(n) {
+                    entries.remove(&k);
                 }
             }
         }
@@ -102,6 +108,21 @@ mod tests {
         assert_eq!(c.get(&"b"), None, "the oldest went");
         c.remove(&"f");
         assert_eq!(c.get(&"f"), None);
+    }
+
+    #[test]
+    fn a_full_cache_of_fresh_entries_makes_room_for_an_eighth_at_once() {
+        let c = TtlCache::new(Duration::from_secs(60), 16);
+        for i in 0..16 {
+            c.insert(i, i);
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        c.insert(16, 16);
+        assert_eq!(c.len(), 15, "the two oldest went, the new one came");
+        assert_eq!((c.get(&0), c.get(&1)), (None, None));
+        assert_eq!((c.get(&2), c.get(&16)), (Some(2), Some(16)));
+        c.insert(17, 17);
+        assert_eq!(c.len(), 16, "no scan until full again");
     }
 
     #[tokio::test]
