@@ -181,7 +181,8 @@ async fn reconcile_inner(set: &ShardSet, ctx: &Context) -> Result<Action, Error>
         }
     }
     drop(memory);
-    let mut synced = sync_redis(set, ctx, plan.keep).await;
+    // The connection the Redis step resolved: its Secrets are read once per reconcile.
+    let mut synced = sync_redis(set, ctx, &redis.store, plan.keep).await;
     if let Ok(v) = &mut synced {
         v.restored = redis.restored;
         v.epoch = redis.epoch;

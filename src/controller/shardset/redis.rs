@@ -8,7 +8,6 @@ use super::SetLanes;
 use crate::controller::lane;
 use crate::controller::reshard;
 use crate::controller::status;
-use crate::controller::store_for;
 use crate::controller::Context;
 use crate::crd::conditions;
 use crate::crd::DedicatedLane;
@@ -189,9 +188,10 @@ pub(super) async fn run_reshard(
 pub(super) async fn sync_redis(
     set: &ShardSet,
     ctx: &Context,
+    store: &Result<Store, String>,
     shards: u16,
 ) -> Result<status::RedisView, String> {
-    let store = store_for(set, ctx).await?;
+    let store = store.as_ref().map_err(String::clone)?;
     let policy = QueuePolicy::from_spec(&set.spec);
     let window: Duration = set.spec.promotion.window.into();
     let mut view = status::RedisView::default();
