@@ -766,3 +766,253 @@ async fn a_fenced_queue_refuses_a_stale_table_and_the_producer_reroutes() {
         EnqueueOutcome::Queued { .. }
     ));
 }
+
+/// Receiver pacing (issue 20): a nack with a pace pauses the endpoint, not
+/// only the envelope; the tenant's other endpoint keeps flowing; the pause
+/// keeps the later of two, is bounded by the policy's maximum, leaves the
+/// breaker alone, and its state is cleaned once it is over.
+#[tokio::test]
+async fn pace_pauses_the_endpoint_not_the_tenant_and_cleans_up_after() {
+    use lanekeeper::policy::BreakerPolicy;
+    use lanekeeper::store::keys;
+    let policy = QueuePolicy {
+        breaker: BreakerPolicy {
+            failure_ratio: 0.5,
+            min_requests: 1,
+            window: Duration::from_secs(60),
+            open_for: Duration::from_secs(60),
+        },
+        max_retry_after: Duration::from_millis(600),
+        ..Default::default()
+    };
+    let s = store(policy).await;
+    let p = s.queue_prefix(Q);
+    let mut conn = raw_conn().await;
+    let on = |ep: &str, seq: u64| Envelope {
+        id: format!("{ep}-{seq}"),
+        endpoint: Some(ep.to_string()),
+        ..env("acme", seq)
+    };
+    for i in 0..3 {
+        s.enqueue(Q, &on("a", i)).await.unwrap();
+    }
+    for i in 0..3 {
+        s.enqueue(Q, &on("b", i)).await.unwrap();
+    }
+    let first = lease(&s, Q).await.unwrap();
+    assert_eq!(first.id, "a-0");
+    // blamed too: a paced answer is not the endpoint's fault, so the blame is ignored
+    let failure = Failure::retry("HTTP 429", Duration::from_millis(400))
+        .paced(Duration::from_millis(400))
+        .blame_endpoint();
+    let NackOutcome::Retry {
+        due_ms, breaker, ..
+    } = s
+        .nack(&first, Duration::from_millis(1), &failure)
+        .await
+        .unwrap()
+    else {
+        panic!("not a retry")
+    };
+    assert_eq!(breaker, None, "a paced answer changed the breaker");
+    let breaker_keys: Vec<String> = redis::cmd("KEYS")
+        .arg(format!("{p}:br:*"))
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert!(
+        breaker_keys.is_empty(),
+        "the breaker was touched: {breaker_keys:?}"
+    );
+    let until: u64 = redis::cmd("HGET")
+        .arg(keys::pace(&p, "acme"))
+        .arg("a")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let pz: u64 = redis::cmd("HGET")
+        .arg(keys::tenant(&p, "acme"))
+        .arg("pz")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(
+        (until, pz),
+        (due_ms, due_ms),
+        "the retry is due when the pause ends"
+    );
+    // A shorter pause does not shorten it.
+    let again = lease(&s, Q).await.unwrap();
+    assert_eq!(again.id, "b-0", "a paced endpoint's envelope was leased");
+    // (b-0 is fine; a-1 and a-2 went to wait out the pause)
+    s.ack(&again, Duration::from_millis(1)).await.unwrap();
+    // The other endpoint flows; the paced one's envelopes wait in the delayed set.
+    let mut got = Vec::new();
+    while let Some(l) = lease(&s, Q).await {
+        got.push(l.id.clone());
+        s.ack(&l, Duration::from_millis(1)).await.unwrap();
+    }
+    assert_eq!(got, vec!["b-1", "b-2"]);
+    let delayed: u64 = redis::cmd("ZCARD")
+        .arg(keys::delayed(&p))
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let w: u64 = redis::cmd("HGET")
+        .arg(keys::tenant(&p, "acme"))
+        .arg("w")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(
+        (delayed, w),
+        (3, 3),
+        "a-0 as a retry, a-1 and a-2 waiting out the pause"
+    );
+    let mid = s.tenant_state(Q, "acme").await.unwrap();
+    assert_eq!((mid.delayed, mid.depth), (3, 3));
+    // A nack asking for less than what is left keeps the later end; one asking
+    // for more than the maximum is cut to it.
+    // (exercised on a second tenant, so acme's timeline stays simple)
+    s.enqueue(
+        Q,
+        &Envelope {
+            endpoint: Some("c".into()),
+            ..env("zed", 0)
+        },
+    )
+    .await
+    .unwrap();
+    s.enqueue(
+        Q,
+        &Envelope {
+            endpoint: Some("c".into()),
+            ..env("zed", 1)
+        },
+    )
+    .await
+    .unwrap();
+    let z0 = lease(&s, Q).await.unwrap();
+    assert_eq!(z0.tenant, "zed");
+    let NackOutcome::Retry { due_ms: long, .. } = s
+        .nack(
+            &z0,
+            Duration::ZERO,
+            &Failure::retry("HTTP 503", Duration::from_secs(3600)).paced(Duration::from_secs(3600)),
+        )
+        .await
+        .unwrap()
+    else {
+        panic!()
+    };
+    let (t, _): (u64, u64) = redis::cmd("TIME").query_async(&mut conn).await.unwrap();
+    assert!(
+        long <= t * 1000 + 1000 + 600,
+        "the pause was not bounded by pmax: {long}"
+    );
+    let z1 = lease(&s, Q).await;
+    assert!(
+        z1.is_none() || z1.as_ref().unwrap().tenant != "zed",
+        "{z1:?}"
+    );
+    // After the pause: the paced endpoint's envelopes come back in order.
+    tokio::time::sleep(Duration::from_millis(650)).await;
+    let mut got = Vec::new();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while got.len() < 5 && Instant::now() < deadline {
+        match lease(&s, Q).await {
+            Some(l) => {
+                got.push(l.id.clone());
+                s.ack(&l, Duration::from_millis(1)).await.unwrap();
+            }
+            None => tokio::time::sleep(Duration::from_millis(20)).await,
+        }
+    }
+    got.sort();
+    assert_eq!(got, vec!["a-0", "a-1", "a-2", "zed-0", "zed-1"]);
+    // ...and the pause state is gone: the hash and the tenant's pz.
+    let exists: u64 = redis::cmd("EXISTS")
+        .arg(keys::pace(&p, "acme"))
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let pz: Option<u64> = redis::cmd("HGET")
+        .arg(keys::tenant(&p, "acme"))
+        .arg("pz")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(
+        (exists, pz),
+        (0, None),
+        "the pause state outlived the pause"
+    );
+    let end = s.tenant_state(Q, "acme").await.unwrap();
+    assert_eq!((end.delayed, end.depth), (0, 0));
+}
+
+/// Under PerTenant ordering a paced endpoint holds its tenant (order forbids
+/// passing the paced envelope), and only that tenant.
+#[tokio::test]
+async fn pace_under_per_tenant_order_parks_the_tenant_and_keeps_its_order() {
+    use lanekeeper::store::keys;
+    let s = store(QueuePolicy {
+        ordered: true,
+        ..Default::default()
+    })
+    .await;
+    let p = s.queue_prefix(Q);
+    let mut conn = raw_conn().await;
+    for i in 0..3 {
+        s.enqueue(Q, &env("ord", i)).await.unwrap();
+    }
+    for i in 0..3 {
+        s.enqueue(Q, &env("fine", i)).await.unwrap();
+    }
+    let mut ord = Vec::new();
+    let mut fine = Vec::new();
+    let mut paced_at = None;
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while ord.len() + fine.len() < 5 && Instant::now() < deadline {
+        match s.lease(Q, "w", LEASE).await.unwrap() {
+            LeaseOutcome::Leased(l) if l.tenant == "ord" && paced_at.is_none() => {
+                // the last attempt: dead-lettered, and its endpoint still paced
+                let f = Failure::dead("HTTP 429").paced(Duration::from_millis(400));
+                assert!(matches!(
+                    s.nack(&l, Duration::ZERO, &f).await.unwrap(),
+                    NackOutcome::Dead { .. }
+                ));
+                paced_at = Some(Instant::now());
+            }
+            LeaseOutcome::Leased(l) => {
+                if l.tenant == "ord" {
+                    let since = paced_at.unwrap().elapsed();
+                    assert!(
+                        since >= Duration::from_millis(350),
+                        "ord leased {since:?} into a 400 ms pause"
+                    );
+                    ord.push(seq_of(&l));
+                } else {
+                    fine.push(seq_of(&l));
+                }
+                s.ack(&l, Duration::from_millis(1)).await.unwrap();
+                if l.tenant == "fine" && fine.len() == 3 {
+                    // ord's next envelope met the pause: ord is parked, blocked until it ends
+                    let blocked: Option<u64> = redis::cmd("ZSCORE")
+                        .arg(keys::blocked(&p))
+                        .arg("ord")
+                        .query_async(&mut conn)
+                        .await
+                        .unwrap();
+                    assert!(blocked.is_some(), "ord was not parked by its pause");
+                }
+            }
+            LeaseOutcome::Empty { retry_after } => {
+                tokio::time::sleep(retry_after.min(Duration::from_millis(20))).await
+            }
+            LeaseOutcome::Again => {}
+        }
+    }
+    assert_eq!(fine, vec![0, 1, 2]);
+    assert_eq!(ord, vec![1, 2], "order kept after the pause");
+}

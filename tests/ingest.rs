@@ -770,6 +770,7 @@ async fn dead_letters_are_listed_and_replayed_and_stats_show_the_tenant() {
                 cause: "HTTP 410 Gone",
                 retry_in: None,
                 endpoint_fault: false,
+                pace: None,
             };
             a.store
                 .nack(&l, Duration::from_millis(5), &f)

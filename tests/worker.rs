@@ -381,3 +381,305 @@ async fn a_slow_endpoint_with_cap_two_barely_moves_the_others() {
         "a 10 s endpoint moved the others' p99 from {base99} to {slow99} ms (p50 {base50} ms)"
     );
 }
+
+// ---- receiver pacing (Retry-After), issue 20 ---------------------------
+
+/// Register endpoint `name` of `tenant` at the receiver with `mode`, signed
+/// with the tenant's one secret (made at its first endpoint).
+async fn pace_endpoint(s: &support::scenario::Setup, tenant: &str, name: &str, mode: &str) {
+    static SECRETS: std::sync::Mutex<BTreeSet<(String, String)>> =
+        std::sync::Mutex::new(BTreeSet::new());
+    let secret = {
+        let mut known = SECRETS.lock().unwrap();
+        let key = format!("{}/{tenant}", s.set);
+        match known.iter().find(|(k, _)| *k == key) {
+            Some((_, secret)) => secret.clone(),
+            None => {
+                let secret = Secret::generate();
+                known.insert((key, secret.clone()));
+                secret
+            }
+        }
+    };
+    s.receiver
+        .expect_secrets(tenant, std::slice::from_ref(&secret));
+    let ep = lanekeeper::endpoint::Endpoint {
+        url: s.receiver.url(tenant, mode),
+        secrets: vec![secret],
+        enabled: true,
+        event_types: vec![],
+    };
+    s.store.put_endpoint(tenant, name, &ep).await.unwrap();
+}
+
+/// Enqueue `n` envelopes of `tenant` for endpoint `name`, ids `<tenant>-<name>-<i>`.
+async fn pace_send(s: &support::scenario::Setup, tenant: &str, name: &str, n: u64) {
+    let envs: Vec<_> = (0..n)
+        .map(|i| lanekeeper::envelope::Envelope {
+            id: format!("{tenant}-{name}-{i}"),
+            endpoint: Some(name.to_string()),
+            ..envelope(tenant, i)
+        })
+        .collect();
+    for r in s.store.enqueue_batch(Q, &envs).await.unwrap() {
+        r.unwrap();
+    }
+}
+
+/// Arrivals at the receiver for `mode`, in order of arrival.
+fn pace_arrivals(s: &support::scenario::Setup, mode: &str) -> Vec<support::receiver::Arrival> {
+    let mut a: Vec<_> = s
+        .receiver
+        .arrivals()
+        .into_iter()
+        .filter(|a| a.mode == mode)
+        .collect();
+    a.sort_by_key(|a| a.at_ms);
+    a
+}
+
+/// The answer that carried `Retry-After`, and every request after it, for
+/// `mode`, once `total` requests arrived there (bounded wait).
+async fn pace_answer_and_after(
+    s: &support::scenario::Setup,
+    mode: &str,
+    accepted: usize,
+) -> (support::receiver::Arrival, Vec<support::receiver::Arrival>) {
+    s.wait_for_accepted(accepted, Duration::from_secs(30)).await;
+    let all = pace_arrivals(s, mode);
+    let first = all
+        .iter()
+        .position(|a| a.retry_after.is_some())
+        .expect("the receiver answered with Retry-After");
+    let after = all[first + 1..].to_vec();
+    (all[first].clone(), after)
+}
+
+async fn pace_metrics(addr: &str) -> String {
+    reqwest::get(format!("http://{addr}/metrics"))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap()
+}
+
+#[tokio::test]
+async fn pace_retry_after_seconds_holds_the_endpoint_for_the_time_asked() {
+    // One in flight: the requests to the endpoint are sequential, so every
+    // one after the 429 was sent after the pause was set.
+    let s = setup(QueuePolicy {
+        max_in_flight: 1,
+        ..Default::default()
+    })
+    .await;
+    let mode = "retry-429-1-2";
+    pace_endpoint(&s, "sec", "default", mode).await;
+    pace_send(&s, "sec", "default", 5).await;
+    let pid = s.worker(&["--concurrency", "4"]);
+    let (answer, after) = pace_answer_and_after(&s, mode, 5).await;
+    let gaps: Vec<i64> = after
+        .iter()
+        .map(|a| a.at_ms as i64 - answer.at_ms as i64)
+        .collect();
+    eprintln!("pace (Retry-After: 2): requests after the 429 came at +{gaps:?} ms");
+    assert_eq!(
+        after.len(),
+        5,
+        "the paced envelope and the four others arrive once each"
+    );
+    assert!(
+        gaps.iter().all(|g| *g >= 2000),
+        "a request reached the endpoint before the 2 s it asked for: {gaps:?}"
+    );
+    // ... and the pause is what it asked, not much more (the worker's max
+    // backoff here is 200 ms, so this is the receiver's time being honoured).
+    assert!(gaps[0] < 2000 + 3000, "{gaps:?}");
+    stop(pid);
+}
+
+#[tokio::test]
+async fn pace_retry_after_http_date_holds_the_endpoint_until_that_date() {
+    let s = setup(QueuePolicy {
+        max_in_flight: 1,
+        ..Default::default()
+    })
+    .await;
+    let mode = "retry-503-1-date2000";
+    pace_endpoint(&s, "date", "default", mode).await;
+    pace_send(&s, "date", "default", 5).await;
+    let pid = s.worker(&["--concurrency", "4"]);
+    let (answer, after) = pace_answer_and_after(&s, mode, 5).await;
+    let date = answer.retry_after.clone().unwrap();
+    let until = httpdate::parse_http_date(&date)
+        .unwrap()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as u64;
+    let gaps: Vec<i64> = after
+        .iter()
+        .map(|a| a.at_ms as i64 - until as i64)
+        .collect();
+    eprintln!(
+        "pace (Retry-After: {date}, {} ms after the answer): requests came at {gaps:?} ms from that date",
+        until - answer.at_ms
+    );
+    assert!(until >= answer.at_ms + 2000);
+    assert_eq!(after.len(), 5);
+    assert!(
+        gaps.iter().all(|g| *g >= 0),
+        "a request reached the endpoint before the date it asked for: {gaps:?}"
+    );
+    assert!(gaps[0] < 3000, "{gaps:?}");
+    stop(pid);
+}
+
+#[tokio::test]
+async fn pace_one_paced_endpoint_leaves_the_tenants_others_flowing() {
+    // One in flight for the whole tenant, so the endpoint's pause is all that
+    // could let the other endpoint's envelopes pass it (unordered policy).
+    let s = setup(QueuePolicy {
+        max_in_flight: 1,
+        ..Default::default()
+    })
+    .await;
+    let paced = "retry-429-1-3";
+    pace_endpoint(&s, "mixed", "slow", paced).await;
+    pace_endpoint(&s, "mixed", "default", "ok").await;
+    // the paced endpoint's envelopes are ahead in the tenant's lane
+    pace_send(&s, "mixed", "slow", 3).await;
+    pace_send(&s, "mixed", "default", 100).await;
+    let pid = s.worker(&["--concurrency", "4"]);
+    let (answer, after) = pace_answer_and_after(&s, paced, 103).await;
+    let ok = pace_arrivals(&s, "ok");
+    let during = ok
+        .iter()
+        .filter(|a| a.at_ms >= answer.at_ms && a.at_ms < answer.at_ms + 3000)
+        .count();
+    let paced_gaps: Vec<i64> = after
+        .iter()
+        .map(|a| a.at_ms as i64 - answer.at_ms as i64)
+        .collect();
+    eprintln!("pace: while one endpoint was paced for 3 s, the tenant's other endpoint received {during} of 100; the paced one's requests came at +{paced_gaps:?} ms");
+    assert_eq!(
+        during, 100,
+        "the tenant's other endpoint stopped while one was paced"
+    );
+    assert_eq!(after.len(), 3);
+    assert!(paced_gaps.iter().all(|g| *g >= 3000), "{paced_gaps:?}");
+    stop(pid);
+}
+
+#[tokio::test]
+async fn pace_paced_answers_do_not_open_the_breaker() {
+    // A breaker this eager would open at the third failure of five and stay
+    // open for a minute: the paced 429s must not count.
+    let s = setup(QueuePolicy {
+        max_attempts: 100,
+        breaker: BreakerPolicy {
+            failure_ratio: 0.5,
+            min_requests: 3,
+            window: Duration::from_secs(60),
+            open_for: Duration::from_secs(60),
+        },
+        ..Default::default()
+    })
+    .await;
+    let mode = "retry-429-12-1";
+    pace_endpoint(&s, "brk", "default", mode).await;
+    pace_send(&s, "brk", "default", 10).await;
+    let metrics_addr = format!("127.0.0.1:{}", support::process::free_port());
+    let pid = s.worker(&["--concurrency", "8", "--metrics-addr", &metrics_addr]);
+    let started = Instant::now();
+    // Bounded: an open breaker would hold the endpoint for 60 s.
+    s.wait_for_accepted(10, Duration::from_secs(20)).await;
+    let took = started.elapsed();
+    let paced = pace_arrivals(&s, mode)
+        .iter()
+        .filter(|a| a.retry_after.is_some())
+        .count();
+    let metrics = pace_metrics(&metrics_addr).await;
+    eprintln!("pace: {paced} paced 429s, all 10 delivered in {took:?}");
+    assert_eq!(paced, 12);
+    assert!(took < Duration::from_secs(20));
+    assert!(
+        !metrics.contains(r#"state="open""#),
+        "the breaker opened on paced answers:\n{metrics}"
+    );
+    stop(pid);
+}
+
+#[tokio::test]
+async fn pace_is_bounded_by_max_retry_after() {
+    let s = setup(QueuePolicy {
+        max_in_flight: 1,
+        max_retry_after: Duration::from_secs(1),
+        ..Default::default()
+    })
+    .await;
+    let mode = "retry-429-1-86400";
+    pace_endpoint(&s, "day", "default", mode).await;
+    pace_send(&s, "day", "default", 3).await;
+    let pid = s.worker(&["--concurrency", "2"]);
+    let (answer, after) = pace_answer_and_after(&s, mode, 3).await;
+    let gaps: Vec<i64> = after
+        .iter()
+        .map(|a| a.at_ms as i64 - answer.at_ms as i64)
+        .collect();
+    eprintln!(
+        "pace (Retry-After: 86400, maxRetryAfter 1s): requests after the 429 came at +{gaps:?} ms"
+    );
+    assert_eq!(after.len(), 3);
+    assert!(gaps.iter().all(|g| *g >= 1000), "{gaps:?}");
+    assert!(
+        gaps[0] < 1000 + 2500,
+        "maxRetryAfter did not bound the pause: {gaps:?}"
+    );
+    stop(pid);
+}
+
+#[tokio::test]
+async fn pace_hostile_retry_after_values_neither_crash_nor_pause_beyond_the_max() {
+    // Huge, 10 kB, negative and non-ASCII values, each on an endpoint of its
+    // own tenant; maxRetryAfter 1s bounds whatever is read as a pause.
+    let s = setup(QueuePolicy {
+        max_in_flight: 1,
+        max_retry_after: Duration::from_secs(1),
+        ..Default::default()
+    })
+    .await;
+    let modes = [
+        ("big", "retry-429-1-big", true),
+        ("huge", "retry-503-1-huge", true),
+        ("neg", "retry-429-1-neg", false),
+        ("bin", "retry-429-1-bin", false),
+    ];
+    for (t, mode, _) in modes {
+        pace_endpoint(&s, t, "default", mode).await;
+        pace_send(&s, t, "default", 2).await;
+    }
+    let pid = s.worker(&["--concurrency", "4"]);
+    s.wait_for_accepted(8, Duration::from_secs(30)).await;
+    for (t, mode, paced) in modes {
+        let all = pace_arrivals(&s, mode);
+        let answer = all.iter().find(|a| a.retry_after.is_some()).unwrap();
+        let retried = all
+            .iter()
+            .find(|a| a.id == answer.id && a.accepted)
+            .unwrap();
+        let gap = retried.at_ms - answer.at_ms;
+        eprintln!("pace: hostile Retry-After ({t}): retried after {gap} ms");
+        assert!(
+            gap <= 1000 + 2500,
+            "{t}: paused beyond maxRetryAfter: {gap} ms"
+        );
+        if paced {
+            assert!(
+                gap >= 1000,
+                "{t}: read as a pause, so held for the max: {gap} ms"
+            );
+        }
+    }
+    // the worker is still alive and exits cleanly
+    stop(pid);
+}

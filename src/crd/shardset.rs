@@ -462,6 +462,15 @@ pub struct DeliverySpec {
     /// How many dead letters each tenant keeps per queue, and for how long.
     #[serde(default)]
     pub dead_letters: DeadLetterSpec,
+
+    /// The longest pause a receiver may ask for: a 429 or 503 with
+    /// `Retry-After` pauses that endpoint (not only that envelope) until the
+    /// time it asked, at most this long (default `10m`, between `1s` and `24h`).
+    #[serde(default = "default_max_retry_after")]
+    #[x_kube(validation = Rule::new(super::DURATION_SYNTAX).message("delivery.maxRetryAfter must be a duration such as 10m"))]
+    #[x_kube(validation = Rule::new("!self.matches('^([0-9]+(\\\\.[0-9]+)?(ns|us|ms|s|m|h))+$') || (duration(self) >= duration('1s') && duration(self) <= duration('24h'))").message("delivery.maxRetryAfter must be between 1s and 24h"))]
+    #[schemars(length(max = 32))]
+    pub max_retry_after: Duration,
 }
 
 /// Retention of dead letters, per tenant and queue: the oldest go first once
@@ -514,6 +523,9 @@ fn default_max_backoff() -> Duration {
 fn default_max_attempts() -> i32 {
     10
 }
+fn default_max_retry_after() -> Duration {
+    secs(600)
+}
 
 pub(crate) fn secs(s: u64) -> Duration {
     std::time::Duration::from_secs(s).into()
@@ -529,6 +541,7 @@ impl Default for DeliverySpec {
             max_attempts: default_max_attempts(),
             breaker: BreakerSpec::default(),
             dead_letters: DeadLetterSpec::default(),
+            max_retry_after: default_max_retry_after(),
         }
     }
 }
@@ -908,6 +921,7 @@ impl crate::policy::QueuePolicy {
                 max_per_tenant: spec.delivery.dead_letters.max_per_tenant.max(1) as u64,
                 max_age: spec.delivery.dead_letters.max_age.into(),
             },
+            max_retry_after: spec.delivery.max_retry_after.into(),
             ..Self::default()
         }
     }

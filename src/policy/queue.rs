@@ -39,6 +39,9 @@ pub struct QueuePolicy {
     pub breaker: BreakerPolicy,
     /// Dead-letter retention, per tenant.
     pub dead_letters: DeadLetterPolicy,
+    /// The longest pause a receiver's `Retry-After` may put on its endpoint
+    /// (`delivery.maxRetryAfter`).
+    pub max_retry_after: Duration,
 }
 
 /// How many dead letters a tenant keeps in a queue, and for how long.
@@ -93,6 +96,7 @@ impl Default for QueuePolicy {
             idempotency_window: Duration::from_secs(24 * 3600),
             breaker: BreakerPolicy::default(),
             dead_letters: DeadLetterPolicy::default(),
+            max_retry_after: Duration::from_secs(600),
         }
     }
 }

@@ -118,6 +118,21 @@ pub fn claims(prefix: &str, period: u64, tenant: &str) -> String {
     format!("{prefix}:ids:{period}:{tenant}")
 }
 
+/// A tenant's paced endpoints: endpoint -> paced-until ms (`P:pace:<tenant>`).
+pub fn pace(prefix: &str, tenant: &str) -> String {
+    format!("{prefix}:pace:{tenant}")
+}
+
+/// Tenants off the ring until a breaker or a pause lets them back (`P:blocked`).
+pub fn blocked(prefix: &str) -> String {
+    format!("{prefix}:blocked")
+}
+
+/// Retries waiting for their time (`P:delayed`).
+pub fn delayed(prefix: &str) -> String {
+    format!("{prefix}:delayed")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -55,6 +55,10 @@ impl Store {
                 "dlage",
                 policy.dead_letters.max_age.as_secs().max(1).to_string(),
             ),
+            (
+                "pmax",
+                policy.max_retry_after.as_millis().max(1).to_string(),
+            ),
         ];
         // The scripts read the policy as one field (see common.lua); the
         // fields one by one are what library versions before it read, kept
@@ -291,6 +295,11 @@ impl Store {
         let us = elapsed.as_micros().to_string();
         let delay = failure.retry_in.unwrap_or_default().as_millis().to_string();
         let flag = |b: bool| if b { "1" } else { "0" };
+        // at least 1 ms: 0 means no pause
+        let pace = failure
+            .pace
+            .map_or(0, |p| p.as_millis().clamp(1, u64::MAX as u128) as u64)
+            .to_string();
         let v = self
             .run(
                 Func::Nack,
@@ -303,6 +312,7 @@ impl Store {
                     flag(failure.retry_in.is_none()).as_bytes(),
                     failure.cause.as_bytes(),
                     flag(failure.endpoint_fault).as_bytes(),
+                    pace.as_bytes(),
                 ],
             )
             .await?;

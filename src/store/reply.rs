@@ -104,6 +104,11 @@ pub struct Failure<'a> {
     /// The endpoint is at fault (5xx, 429, timeout, connection error): counts
     /// against its circuit breaker.
     pub endpoint_fault: bool,
+    /// The receiver asked for a pause (429 or 503 with `Retry-After`): its
+    /// endpoint gets no request for this long (at most the queue's
+    /// `maxRetryAfter`), the retry is due when it ends, and the breaker is
+    /// not touched (`endpoint_fault` is then ignored).
+    pub pace: Option<Duration>,
 }
 
 impl<'a> Failure<'a> {
@@ -113,6 +118,7 @@ impl<'a> Failure<'a> {
             cause,
             retry_in: Some(after),
             endpoint_fault: false,
+            pace: None,
         }
     }
 
@@ -122,6 +128,7 @@ impl<'a> Failure<'a> {
             cause,
             retry_in: None,
             endpoint_fault: false,
+            pace: None,
         }
     }
 
@@ -129,6 +136,15 @@ impl<'a> Failure<'a> {
     pub fn blame_endpoint(self) -> Self {
         Self {
             endpoint_fault: true,
+            ..self
+        }
+    }
+
+    /// The receiver asked for `pause`: its endpoint is paced (see [`Failure::pace`]).
+    /// A zero pause is no pause.
+    pub fn paced(self, pause: Duration) -> Self {
+        Self {
+            pace: (!pause.is_zero()).then_some(pause),
             ..self
         }
     }

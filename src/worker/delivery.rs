@@ -23,6 +23,10 @@ pub enum Outcome {
         cause: String,
         /// The receiver's `Retry-After`, when it gave one.
         retry_after: Option<Duration>,
+        /// A 429 or 503 with `Retry-After`: the receiver paces its endpoint,
+        /// which then gets no request until `retry_after` has passed (not a
+        /// fault of the endpoint: the breaker is not touched).
+        pace: bool,
         endpoint_fault: bool,
     },
     /// No attempt can succeed: dead-letter now (SSRF refusal, no such
@@ -164,33 +168,75 @@ impl Deliverer {
         }
         let retry_after = response
             .headers()
-            .get("retry-after")
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.trim().parse::<u64>().ok())
-            .map(Duration::from_secs);
+            .get(reqwest::header::RETRY_AFTER)
+            .and_then(|v| parse_retry_after(v.as_bytes(), SystemTime::now()));
         let excerpt = body_excerpt(response).await;
         let cause = format!("HTTP {status}: {excerpt}");
+        // A 429 or 503 that says when to come back paces the endpoint; without
+        // Retry-After it is a failure like any other.
+        let pace = matches!(status, 429 | 503) && retry_after.is_some();
         match status {
             429 => Outcome::Retry {
                 class: "http_429",
                 cause,
                 retry_after,
-                endpoint_fault: true,
+                pace,
+                endpoint_fault: !pace,
             },
             500..=599 => Outcome::Retry {
                 class: "http_5xx",
                 cause,
                 retry_after,
-                endpoint_fault: true,
+                pace,
+                endpoint_fault: !pace,
             },
             _ => Outcome::Retry {
                 class: "http_4xx",
                 cause,
                 retry_after: None,
+                pace: false,
                 endpoint_fault: false,
             },
         }
     }
+}
+
+/// The longest `Retry-After` the worker reads; the queue's
+/// `delivery.maxRetryAfter` (at most 24 h, see the CRD) bounds it further.
+pub const RETRY_AFTER_CAP: Duration = Duration::from_secs(24 * 3600);
+
+/// A `Retry-After` value (RFC 9110 section 10.2.3) as the time to wait from
+/// `now`: delta-seconds (`120`), or an HTTP-date in the IMF-fixdate form
+/// (`Sun, 06 Nov 1994 08:49:37 GMT`) or the obsolete RFC 850 and asctime
+/// forms. A date in the past is zero. At most [`RETRY_AFTER_CAP`]: a
+/// number too large for any integer is the cap, not an error. Anything else
+/// (negative, fractional, non-ASCII, empty, an unknown date format) is
+/// `None`, as if there were no header. Linear in the value's length, never panics.
+pub fn parse_retry_after(value: &[u8], now: SystemTime) -> Option<Duration> {
+    let v = std::str::from_utf8(value).ok()?.trim_matches([' ', '\t']);
+    if v.is_empty() {
+        return None;
+    }
+    if v.bytes().all(|b| b.is_ascii_digit()) {
+        // delta-seconds: saturate instead of failing on a huge number
+        let secs = v
+            .bytes()
+            .try_fold(0u64, |n, b| {
+                n.checked_mul(10)?.checked_add(u64::from(b - b'0'))
+            })
+            .unwrap_or(u64::MAX);
+        return Some(Duration::from_secs(secs).min(RETRY_AFTER_CAP));
+    }
+    // The longest HTTP-date (RFC 850 with a long weekday name) is 33 bytes.
+    if v.len() > 40 {
+        return None;
+    }
+    let at = httpdate::parse_http_date(v).ok()?;
+    Some(
+        at.duration_since(now)
+            .unwrap_or(Duration::ZERO)
+            .min(RETRY_AFTER_CAP),
+    )
 }
 
 /// A failed lookup: retried with backoff, and counted against the endpoint
@@ -200,6 +246,7 @@ fn unresolved(e: &Unresolved) -> Outcome {
         class: "dns_error",
         cause: e.to_string(),
         retry_after: None,
+        pace: false,
         endpoint_fault: true,
     }
 }
@@ -232,6 +279,7 @@ fn classify_error(e: reqwest::Error) -> Outcome {
         class,
         cause: format!("{what}: {}", chain(&e)),
         retry_after: None,
+        pace: false,
         endpoint_fault: true,
     }
 }
@@ -257,4 +305,114 @@ async fn body_excerpt(mut response: reqwest::Response) -> String {
     }
     buf.truncate(BODY_EXCERPT);
     String::from_utf8_lossy(&buf).into_owned()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn at(secs: u64) -> SystemTime {
+        UNIX_EPOCH + Duration::from_secs(secs)
+    }
+
+    // Sun, 06 Nov 1994 08:49:37 GMT
+    const T: u64 = 784_111_777;
+
+    #[test]
+    fn delta_seconds() {
+        let now = at(T);
+        assert_eq!(
+            parse_retry_after(b"120", now),
+            Some(Duration::from_secs(120))
+        );
+        assert_eq!(parse_retry_after(b"0", now), Some(Duration::ZERO));
+        assert_eq!(parse_retry_after(b" 2 ", now), Some(Duration::from_secs(2)));
+        assert_eq!(
+            parse_retry_after(b"0002", now),
+            Some(Duration::from_secs(2))
+        );
+    }
+
+    #[test]
+    fn http_dates_in_all_three_forms() {
+        let now = at(T - 10);
+        for form in [
+            "Sun, 06 Nov 1994 08:49:37 GMT",  // IMF-fixdate
+            "Sunday, 06-Nov-94 08:49:37 GMT", // RFC 850
+            "Sun Nov  6 08:49:37 1994",       // asctime
+        ] {
+            assert_eq!(
+                parse_retry_after(form.as_bytes(), now),
+                Some(Duration::from_secs(10)),
+                "{form}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_date_in_the_past_is_zero() {
+        let now = at(T + 3600);
+        assert_eq!(
+            parse_retry_after(b"Sun, 06 Nov 1994 08:49:37 GMT", now),
+            Some(Duration::ZERO)
+        );
+    }
+
+    #[test]
+    fn garbage_is_none() {
+        let now = at(T);
+        for v in [
+            &b""[..],
+            b"   ",
+            b"-5",
+            b"+5",
+            b"1.5",
+            b"1e3",
+            b"soon",
+            b"0x10",
+            b"Sun, 06 Nov 1994 08:49:37 PST",
+            b"Sun, 32 Nov 1994 08:49:37 GMT",
+            "\u{663}".as_bytes(), // an Arabic-Indic digit three
+            "١٢٠".as_bytes(),
+            b"\xff\xfe12",
+            b"12\x00",
+        ] {
+            assert_eq!(parse_retry_after(v, now), None, "{v:?}");
+        }
+    }
+
+    #[test]
+    fn hostile_values_are_clamped_and_never_panic() {
+        let now = at(T);
+        // far beyond u64 seconds: the cap, not an overflow
+        assert_eq!(
+            parse_retry_after(b"99999999999999999999999999999999", now),
+            Some(RETRY_AFTER_CAP)
+        );
+        assert_eq!(
+            parse_retry_after(u64::MAX.to_string().as_bytes(), now),
+            Some(RETRY_AFTER_CAP)
+        );
+        assert_eq!(parse_retry_after(b"86400000", now), Some(RETRY_AFTER_CAP));
+        // a 10 kB header of digits, and one of anything else
+        assert_eq!(
+            parse_retry_after(&vec![b'9'; 10 * 1024], now),
+            Some(RETRY_AFTER_CAP)
+        );
+        assert_eq!(parse_retry_after(&vec![b'a'; 10 * 1024], now), None);
+        let mut long_date = b"Sun, 06 Nov 1994 08:49:37 GMT".to_vec();
+        long_date.extend(vec![b' '; 10 * 1024]);
+        long_date.push(b'x');
+        assert_eq!(parse_retry_after(&long_date, now), None);
+        // a date far in the future
+        assert_eq!(
+            parse_retry_after(b"Fri, 31 Dec 9999 23:59:59 GMT", now),
+            Some(RETRY_AFTER_CAP)
+        );
+        // every single byte, and a clock before the epoch
+        for b in 0..=255u8 {
+            let _ = parse_retry_after(&[b], now);
+            let _ = parse_retry_after(&[b'1', b], UNIX_EPOCH);
+        }
+    }
 }

@@ -439,6 +439,7 @@ async fn handle(
             class,
             cause,
             retry_after,
+            pace,
             endpoint_fault,
         } => {
             let backoff = retry_delay(
@@ -447,18 +448,47 @@ async fn handle(
                 shared.config.max_backoff,
                 rand::random::<f64>(),
             );
-            let delay = retry_after.map_or(backoff, |ra| {
-                ra.min(shared.config.max_backoff).max(backoff / 2)
-            });
-            warn!(
-                tenant = %env.tenant, endpoint = %endpoint_name, envelope = %lease.id,
-                attempt = lease.attempts + 1, %cause, retry_in = ?delay, "delivery failed"
-            );
-            let mut failure = Failure::retry(&cause, delay);
+            let mut failure = Failure::retry(&cause, backoff);
+            match retry_after {
+                // The receiver paces its endpoint: no request to it until the
+                // time it asked for (the queue bounds it by maxRetryAfter),
+                // and not a fault of the endpoint.
+                Some(ra) if pace && !ra.is_zero() => {
+                    failure = Failure::retry(&cause, ra).paced(ra);
+                }
+                Some(ra) => {
+                    failure.retry_in = Some(ra.min(shared.config.max_backoff).max(backoff / 2));
+                }
+                None => {}
+            }
             if endpoint_fault {
                 failure = failure.blame_endpoint();
             }
-            report(shared, &lease, elapsed, class, &failure).await;
+            let paced = failure.pace.is_some();
+            let outcome = report(shared, &lease, elapsed, class, &failure).await;
+            let retry_in = match outcome {
+                // due in Redis time: close enough to this clock for a log line
+                Some(NackOutcome::Retry { due_ms, .. }) => Duration::from_millis(
+                    due_ms.saturating_sub(
+                        std::time::SystemTime::now()
+                            .duration_since(std::time::UNIX_EPOCH)
+                            .map_or(0, |d| d.as_millis() as u64),
+                    ),
+                ),
+                _ => failure.retry_in.unwrap_or_default(),
+            };
+            if paced {
+                warn!(
+                    tenant = %env.tenant, endpoint = %endpoint_name, envelope = %lease.id,
+                    attempt = lease.attempts + 1, %cause, paused_for = ?retry_in,
+                    "the receiver asked for a pause (Retry-After): its endpoint gets no request until then"
+                );
+            } else {
+                warn!(
+                    tenant = %env.tenant, endpoint = %endpoint_name, envelope = %lease.id,
+                    attempt = lease.attempts + 1, %cause, retry_in = ?retry_in, "delivery failed"
+                );
+            }
             None
         }
         Outcome::Refused { class, cause } => {
@@ -470,30 +500,33 @@ async fn handle(
 }
 
 /// Nack and count the result; log the breaker change and a dead letter.
+/// Returns what the nack answered (`None` when it failed).
 async fn report(
     shared: &Shared,
     lease: &Lease,
     elapsed: Duration,
     class: &str,
     failure: &Failure<'_>,
-) {
+) -> Option<NackOutcome> {
     count(shared, class);
-    match shared.store.nack(lease, elapsed, failure).await {
+    let outcome = shared.store.nack(lease, elapsed, failure).await;
+    match &outcome {
         Ok(NackOutcome::Retry { breaker, .. }) => {
-            if let Some(change) = breaker {
+            if let Some(change) = *breaker {
                 breaker_changed(shared, &lease.tenant, lease, change);
             }
         }
         Ok(NackOutcome::Dead { attempts, breaker }) => {
             count(shared, "dead");
             warn!(tenant = %lease.tenant, envelope = %lease.id, attempts, cause = %failure.cause, "dead-lettered");
-            if let Some(change) = breaker {
+            if let Some(change) = *breaker {
                 breaker_changed(shared, &lease.tenant, lease, change);
             }
         }
         Ok(NackOutcome::Stale) => {}
         Err(e) => warn!(envelope = %lease.id, error = %e, "nack failed; the reaper will return it"),
     }
+    outcome.ok()
 }
 
 fn count(shared: &Shared, class: &str) {

@@ -17,7 +17,9 @@
 --                           ok delivered, ko dead-lettered, dx dead letters dropped by retention,
 --                           bw breakers in use, bl blocked, ip newest idempotency period claimed in, ia the one before,
 --                           xc its claims are being copied to another queue (a move; see claims.lua),
---                           isrc/isq the queue and last sequence number imported from during a move.
+--                           isrc/isq the queue and last sequence number imported from during a move,
+--                           pz the latest paced-until ms of any of its endpoints (0/absent: none,
+--                           see P:pace:<tenant>).
 --                           d, e and b are worker-time in whole microseconds, as are a lease's
 --                           charge and the worker-second buckets: integers are far cheaper for
 --                           Redis and Lua to format and parse than 17-digit fractions
@@ -56,7 +58,13 @@
 --   P:br:<len>:<tenant>:<endpoint>
 --                     HASH  circuit breaker: s closed|open|half, u until ms, ws window start,
 --                           n requests, x failures (absent while closed and healthy)
---   P:blocked         ZSET  tenant -> ms: tenants whose head envelope's breaker is open
+--   P:blocked         ZSET  tenant -> ms: tenants whose head envelope's breaker is open, or
+--                           (PerTenant ordering) whose head envelope's endpoint is paced
+--   P:pace:<tenant>   HASH  endpoint -> paced-until ms: the receiver answered 429 or 503 with
+--                           Retry-After (bounded by the policy's pmax). Read by a lease only
+--                           while now < the tenant's pz; an entry found expired is deleted,
+--                           the whole hash once now >= pz (it also expires in Redis just after
+--                           pz, except under the simulator's virtual clock)
 --   P:wake            CHANNEL published when a tenant becomes active (wakes idle workers);
 --                           on Redis Cluster the library is loaded with SPUBLISH here
 --                           (sharded pub/sub, see `store::library::build_library`)
@@ -82,6 +90,8 @@ local BUCKET_MS = 10000
 local P, RING, LEASES, DELAYED, BLOCKED
 local QUANTUM, ORDERED, CAP, DEFAULT_WEIGHT, EST0, MAX_ATTEMPTS, ID_TTL, MAINT_NEXT
 local BR_RATIO, BR_MIN, BR_WINDOW, BR_OPEN, DL_MAX, DL_AGE_MS
+-- The longest pause (ms) a receiver's Retry-After may put on its endpoint.
+local PACE_MAX
 -- A virtual clock (ms), set only by the capacity simulator (`lanekeeper
 -- simulate`, through Store::set_virtual_clock); nil means Redis TIME.
 local CLOCK
@@ -117,7 +127,7 @@ local QUEUE_KEYS = {}
 
 -- A queue's policy is one field of its conf hash, `policy`, written by
 -- `Store::configure_queue` as space-separated key=value pairs (quantum, cap,
--- ordered, weight, est0, maxatt, idttl, bratio, bmin, bwin, bopen; an absent
+-- ordered, weight, est0, maxatt, idttl, bratio, bmin, bwin, bopen, dlmax, dlage, pmax; an absent
 -- one takes its default). Each distinct string is parsed once and kept here:
 -- reading one field and looking it up costs a call a fraction of reading
 -- eleven fields and converting each to a number.
@@ -135,6 +145,8 @@ local function parse_policy(raw)
     bwin = field('bwin', 60000), bopen = field('bopen', 30000),
     -- dead-letter retention per tenant: a count (at least 1) and an age in seconds
     dlmax = math.max(math.floor(field('dlmax', 100000)), 1), dlage = math.max(field('dlage', 604800), 1) * 1000,
+    -- the longest receiver-asked pause, ms (delivery.maxRetryAfter; default 10 minutes)
+    pmax = math.max(math.floor(field('pmax', 600000)), 1),
   }
 end
 
@@ -160,6 +172,7 @@ local function begin(keys)
   MAX_ATTEMPTS, ID_TTL = pol.maxatt, pol.idttl
   BR_RATIO, BR_MIN, BR_WINDOW, BR_OPEN = pol.bratio, pol.bmin, pol.bwin, pol.bopen
   DL_MAX, DL_AGE_MS = pol.dlmax, pol.dlage
+  PACE_MAX = pol.pmax
   MAINT_NEXT = num(conf[2], 0)
   CLOCK = conf[3] and tonumber(conf[3])
   MIN_ROUTE_RAW = conf[4]
@@ -405,6 +418,47 @@ local function unblock_due(now, limit)
   for _, t in ipairs(redis.call('ZRANGEBYSCORE', BLOCKED, '-inf', now, 'LIMIT', 0, limit)) do
     unblock(t)
   end
+end
+
+-- ---- receiver pacing, per tenant and endpoint -------------------------
+-- A 429 or 503 with Retry-After pauses the endpoint until the time asked
+-- (at most PACE_MAX from now). The tenant's `pz` (read with state the lease
+-- reads anyway) says whether any of its endpoints may be paced, so a tenant
+-- that was never paced pays nothing.
+
+local function pacekey(t) return P .. ':pace:' .. t end
+
+-- Pause `ep` of tenant `t` for `ms` (capped at PACE_MAX) from `now`; the
+-- later of an existing pause and this one wins. Returns the paced-until ms.
+-- Does not touch the circuit breaker. Cannot fail.
+local function pace_endpoint(t, ep, ms, now)
+  local until_ms = now + math.min(ms, PACE_MAX)
+  local k, tk = pacekey(t), tkey(t)
+  local old = tonumber(redis.call('HGET', k, ep)) or 0
+  if until_ms > old then redis.call('HSET', k, ep, until_ms) else until_ms = old end
+  if until_ms > num(redis.call('HGET', tk, 'pz'), 0) then
+    redis.call('HSET', tk, 'pz', until_ms)
+    -- a tenant that never leases again leaves nothing behind (Redis time only)
+    if not CLOCK then redis.call('PEXPIREAT', k, until_ms + 1000) end
+  end
+  return until_ms
+end
+
+-- Is `ep` of tenant `t` paced at `now`? `pz` is the tenant's field, known
+-- to be > now. Returns its paced-until ms, or nil (an expired entry is deleted).
+local function paced_until(t, ep, now)
+  local k = pacekey(t)
+  local u = tonumber(redis.call('HGET', k, ep))
+  if not u then return nil end
+  if u > now then return u end
+  redis.call('HDEL', k, ep)
+  return nil
+end
+
+-- Every pause of tenant `t` is over (now >= its pz): forget them, once.
+local function pace_clear(t)
+  redis.call('DEL', pacekey(t))
+  redis.call('HDEL', tkey(t), 'pz')
 end
 
 -- The counter each outcome adds one to.

@@ -1,5 +1,6 @@
 -- Helpers (common.lua): istr, num, lease_member, end_lease, tkey, lane, ekey, adopt, quantum,
---   breaker_gate, breaker_record, unblock_due, settle, dead_letter, promote_due, reap
+--   breaker_gate, breaker_record, unblock_due, paced_until, pace_clear, settle, dead_letter,
+--   delayed_member, promote_due, reap
 -- Lease and ack, shared by the lease, ack and ack_lease scripts.
 
 -- After a lease (charging `charged`) or a skip (charging 0), put the
@@ -72,21 +73,47 @@ local function lease_next(lease_ms, token, budget, now)
       return { 'EMPTY', math.max(wait, 1) }
     end
     local tk = tkey(t)
-    local st = redis.call('HMGET', tk, 'd', 'f', 'e', 'bw', 'b')
+    local st = redis.call('HMGET', tk, 'd', 'f', 'e', 'bw', 'b', 'pz')
     local d, f, e, b = num(st[1], 0), num(st[2], 0), num(st[3], EST0), num(st[5], 0)
+    -- pz: the latest pause of any of the tenant's endpoints (0: none)
+    local pz = num(st[6], 0)
+    if pz > 0 and now >= pz then
+      pace_clear(t)
+      pz = 0
+    end
     local id = d > 0 and f < CAP and redis.call('LPOP', lane(t))
-    local env, pass, change = nil, true, ''
+    local env, pass, change, paced = nil, true, '', nil
     if id then
       local ek = ekey(t, id)
       env = redis.call('HMGET', ek, 'p', 'a', 's', 'n')
       if not env[1] and select(2, adopt(t, id)) then env = redis.call('HMGET', ek, 'p', 'a', 's', 'n') end
-      -- the endpoint matters only to a tenant with breakers in use
-      if env[1] and num(st[4], 0) > 0 then
+      -- the endpoint matters only to a tenant with breakers in use or a pause in force
+      local bw = num(st[4], 0)
+      if env[1] and (bw > 0 or pz > 0) then
         local ep = redis.call('HGET', ek, 'ep')
-        if ep and ep ~= '' then pass, change = breaker_gate(t, ep, now) end
+        if ep and ep ~= '' then
+          if pz > 0 then paced = paced_until(t, ep, now) end
+          if not paced and bw > 0 then pass, change = breaker_gate(t, ep, now) end
+        end
       end
     end
-    if id and pass ~= true then
+    if id and paced then
+      if ORDERED then
+        -- order forbids passing it: the tenant steps off the ring until the
+        -- pause is over (unblock_due lifts it), like a breaker block
+        redis.call('LPUSH', lane(t), id)
+        redis.call('LPOP', RING)
+        redis.call('HSET', tk, 'r', 0, 'bl', 1, 'b', 0)
+        redis.call('ZADD', BLOCKED, paced, t)
+      else
+        -- this envelope waits out its endpoint's pause in the delayed set (a
+        -- retry without an attempt, no slot kept); the tenant's other
+        -- endpoints keep flowing
+        redis.call('ZADD', DELAYED, paced, delayed_member(t, id, false))
+        redis.call('HINCRBY', tk, 'w', 1)
+        reposition(t, tk, d, f, 0, b, {})
+      end
+    elseif id and pass ~= true then
       -- the head envelope's endpoint is broken: the tenant steps off the ring
       -- until the breaker lets a probe through, and its share goes to the others
       redis.call('LPUSH', lane(t), id)

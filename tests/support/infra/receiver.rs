@@ -3,8 +3,12 @@
 //! (HMAC-SHA256 over "id.timestamp.body", written here from the spec, not by
 //! calling lanekeeper's signer), records what arrived, and misbehaves on
 //! request: `POST /t/<tenant>/<mode>` where mode is `ok`, `delay-<ms>`,
-//! `flaky-<percent>` (500 at random), `fail` (always 500) or `gate` (500
-//! while the gate is closed).
+//! `flaky-<percent>` (500 at random), `fail` (always 500), `gate` (500
+//! while the gate is closed) or `retry-<status>-<n>-<value>` (the first `n`
+//! requests of that tenant and mode answered `<status>` with a `Retry-After`
+//! of `<value>`: delta-seconds as given, `date<ms>` an HTTP-date that many ms
+//! ahead rounded up to the next second, or a hostile value: `big` 10 kB of
+//! digits, `huge` a number past any integer, `neg` -5, `bin` non-ASCII bytes).
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -32,6 +36,8 @@ pub struct Arrival {
     pub at_ms: u64,
     /// The receiver answered 2xx.
     pub accepted: bool,
+    /// The `Retry-After` it answered with (lossy UTF-8), if any.
+    pub retry_after: Option<String>,
 }
 
 #[derive(Default)]
@@ -40,6 +46,8 @@ struct Inner {
     arrivals: Mutex<Vec<Arrival>>,
     bad_signatures: AtomicU64,
     gate_open: AtomicBool,
+    /// Requests seen per "<tenant>/<mode>" (the `retry-` modes).
+    counts: Mutex<HashMap<String, u64>>,
 }
 
 /// A running receiver.
@@ -162,7 +170,8 @@ async fn hook(
     Path((tenant, mode)): Path<(String, String)>,
     headers: HeaderMap,
     body: Bytes,
-) -> StatusCode {
+) -> axum::response::Response {
+    use axum::response::IntoResponse;
     let keys = state
         .keys
         .lock()
@@ -174,11 +183,35 @@ async fn hook(
         Ok(id) if !keys.is_empty() => id,
         _ => {
             state.bad_signatures.fetch_add(1, Ordering::SeqCst);
-            return StatusCode::UNAUTHORIZED;
+            return StatusCode::UNAUTHORIZED.into_response();
         }
     };
     let payload: serde_json::Value = serde_json::from_slice(&body).unwrap_or_default();
-    let accepted = if let Some(ms) = mode.strip_prefix("delay-") {
+    let mut answer: Option<(StatusCode, axum::http::HeaderValue)> = None;
+    if let Some(spec) = mode.strip_prefix("retry-") {
+        let mut parts = spec.splitn(3, '-');
+        let status = parts.next().and_then(|s| s.parse::<u16>().ok());
+        let n = parts
+            .next()
+            .and_then(|s| s.parse::<u64>().ok())
+            .unwrap_or(0);
+        let value = parts.next().unwrap_or("");
+        let seen = {
+            let mut counts = state.counts.lock().unwrap();
+            let c = counts.entry(format!("{tenant}/{mode}")).or_default();
+            *c += 1;
+            *c
+        };
+        if seen <= n {
+            let status = StatusCode::from_u16(status.unwrap_or(429)).unwrap();
+            answer = Some((status, retry_after_value(value)));
+        }
+    }
+    let accepted = if answer.is_some() {
+        false
+    } else if mode.starts_with("retry-") {
+        true
+    } else if let Some(ms) = mode.strip_prefix("delay-") {
         tokio::time::sleep(Duration::from_millis(ms.parse().unwrap_or(0))).await;
         true
     } else if let Some(pct) = mode.strip_prefix("flaky-") {
@@ -198,10 +231,36 @@ async fn hook(
         sent_ms: payload["sent_ms"].as_u64().unwrap_or(0),
         at_ms: now_ms(),
         accepted,
+        retry_after: answer
+            .as_ref()
+            .map(|(_, v)| String::from_utf8_lossy(v.as_bytes()).into_owned()),
     });
+    if let Some((status, value)) = answer {
+        let mut h = HeaderMap::new();
+        h.insert(axum::http::header::RETRY_AFTER, value);
+        return (status, h).into_response();
+    }
     if accepted {
-        StatusCode::NO_CONTENT
+        StatusCode::NO_CONTENT.into_response()
     } else {
-        StatusCode::INTERNAL_SERVER_ERROR
+        StatusCode::INTERNAL_SERVER_ERROR.into_response()
+    }
+}
+
+/// The `Retry-After` value a `retry-` mode asks for (see the module doc).
+fn retry_after_value(value: &str) -> axum::http::HeaderValue {
+    use axum::http::HeaderValue;
+    if let Some(ms) = value.strip_prefix("date") {
+        let at = now_ms() + ms.parse::<u64>().unwrap_or(0);
+        let secs = at.div_ceil(1000);
+        let when = UNIX_EPOCH + Duration::from_secs(secs);
+        return HeaderValue::from_str(&httpdate::fmt_http_date(when)).unwrap();
+    }
+    match value {
+        "big" => HeaderValue::from_str(&"9".repeat(10 * 1024)).unwrap(),
+        "huge" => HeaderValue::from_static("99999999999999999999999999999999999999"),
+        "neg" => HeaderValue::from_static("-5"),
+        "bin" => HeaderValue::from_bytes(b"\xff\xfe2").unwrap(),
+        v => HeaderValue::from_str(v).unwrap(),
     }
 }
