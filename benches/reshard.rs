@@ -49,7 +49,11 @@ async fn main() {
         .map(|t| support::scenario::envelope(t, 0))
         .collect();
     for chunk in envs.chunks(1000) {
-        for r in producer.send_batch(chunk, |_| None).await.unwrap() {
+        for r in producer
+            .send_batch(chunk, |_| Default::default())
+            .await
+            .unwrap()
+        {
             r.unwrap();
         }
     }

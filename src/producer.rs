@@ -9,7 +9,7 @@ use tokio::sync::RwLock;
 
 use crate::envelope::Envelope;
 use crate::routing::{QueueId, RoutingTable};
-use crate::store::{EnqueueOutcome, Result, Store, StoreError};
+use crate::store::{EnqueueOutcome, Result, Store, StoreError, TenantTerms};
 
 /// Routes and enqueues envelopes for one ShardSet.
 pub struct Producer {
@@ -31,19 +31,21 @@ impl Producer {
     /// Enqueue one envelope where its tenant is routed now. Returns the queue
     /// it went to and what happened there (queued, held or duplicate).
     pub async fn send(&self, env: &Envelope) -> Result<(QueueId, EnqueueOutcome)> {
-        let mut out = self.send_batch(std::slice::from_ref(env), |_| None).await?;
+        let mut out = self
+            .send_batch(std::slice::from_ref(env), |_| TenantTerms::default())
+            .await?;
         out.pop().expect("one result per envelope")
     }
 
     /// Enqueue envelopes where their tenants are routed now, each queue's
-    /// share in one pipelined call, following MOVED answers. `limit` gives a
-    /// tenant's backlog limit (see [`Store::enqueue_batch_limited`]). One
+    /// share in one pipelined call, following MOVED answers. `terms` gives a
+    /// tenant's backlog limit and tier (see [`Store::enqueue_batch_routed`]). One
     /// result per envelope, in order; an invalid envelope gets its error and
     /// the others are stored.
     pub async fn send_batch(
         &self,
         envs: &[Envelope],
-        limit: impl Fn(&str) -> Option<u64>,
+        terms: impl Fn(&str) -> TenantTerms,
     ) -> Result<Vec<Result<(QueueId, EnqueueOutcome)>>> {
         let mut results: Vec<Option<Result<(QueueId, EnqueueOutcome)>>> =
             (0..envs.len()).map(|_| None).collect();
@@ -103,7 +105,7 @@ impl Producer {
                     .enqueue_batch_routed(
                         q,
                         if whole { envs } else { &batch },
-                        &limit,
+                        &terms,
                         table.version.max(1),
                     )
                     .await?;

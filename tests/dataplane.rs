@@ -252,6 +252,93 @@ async fn fairness_is_in_worker_seconds_not_message_counts() {
     assert!((slow.worker_seconds - a).abs() < 1e-6, "{slow:?} vs {a}");
 }
 
+/// Enqueue `n` envelopes of `tenant` saying its tier.
+async fn fill_tier(s: &Store, tenant: &str, n: u64, tier: lanekeeper::store::TierUpdate) {
+    let envs: Vec<Envelope> = (0..n).map(|i| env(tenant, i)).collect();
+    for chunk in envs.chunks(1000) {
+        let terms = |_: &str| lanekeeper::store::TenantTerms {
+            backlog_limit: None,
+            tier: tier.clone(),
+        };
+        for r in s.enqueue_batch_routed(Q, chunk, terms, 0).await.unwrap() {
+            r.unwrap();
+        }
+    }
+}
+
+/// Tier weights: a tenant in a tier of weight 4 gets four times the
+/// worker-seconds of one of weight 1; a tenant with no tier, or in a tier
+/// the policy has no weight for, gets the default; a tenant's own weight
+/// wins over its tier's; and a tier cleared by enqueue ('-') is gone.
+#[tokio::test]
+async fn tier_weights_scale_the_quantum_and_the_rest_get_the_default() {
+    use lanekeeper::store::TierUpdate;
+    let mut policy = QueuePolicy {
+        quantum_seconds: 0.5,
+        ..Default::default()
+    };
+    policy.tier_weights.insert("gold".into(), 4.0);
+    policy.tier_weights.insert("bronze".into(), 1.0);
+    policy.weights.insert("own".into(), 2.0);
+    let s = store(policy).await;
+    let set = |t: &str| TierUpdate::Set(t.into());
+    fill_tier(&s, "g", 3000, set("gold")).await;
+    fill_tier(&s, "b", 3000, set("bronze")).await;
+    fill_tier(&s, "none", 3000, TierUpdate::Keep).await;
+    fill_tier(&s, "unlisted", 3000, set("platinum")).await;
+    // its own weight (2) wins over its tier's (4)
+    fill_tier(&s, "own", 3000, set("gold")).await;
+    let mut secs: BTreeMap<String, f64> = BTreeMap::new();
+    for _ in 0..2000 {
+        let l = lease(&s, Q).await.unwrap();
+        s.ack(&l, Duration::from_millis(100)).await.unwrap();
+        *secs.entry(l.tenant).or_default() += 0.1;
+    }
+    eprintln!("tier weights: worker-seconds {secs:?}");
+    let ratio = |a: &str, b: &str| secs[a] / secs[b];
+    assert!(
+        (3.4..=4.6).contains(&ratio("g", "b")),
+        "gold/bronze {:.2}",
+        ratio("g", "b")
+    );
+    assert!(
+        (0.85..=1.15).contains(&ratio("none", "b")),
+        "no tier {:.2}",
+        ratio("none", "b")
+    );
+    assert!(
+        (0.85..=1.15).contains(&ratio("unlisted", "b")),
+        "unlisted tier {:.2}",
+        ratio("unlisted", "b")
+    );
+    assert!(
+        (1.7..=2.3).contains(&ratio("own", "b")),
+        "own weight {:.2}",
+        ratio("own", "b")
+    );
+
+    // the tier is kept in the tenant's state, written only when it changes
+    let mut conn = raw_conn().await;
+    let tk = lanekeeper::store::keys::tenant(&s.queue_prefix(Q), "g");
+    let tr = |conn: &mut redis::aio::MultiplexedConnection| {
+        let tk = tk.clone();
+        let mut conn = conn.clone();
+        async move {
+            redis::cmd("HGET")
+                .arg(tk)
+                .arg("tr")
+                .query_async::<Option<String>>(&mut conn)
+                .await
+                .unwrap()
+        }
+    };
+    assert_eq!(tr(&mut conn).await.as_deref(), Some("gold"));
+    fill_tier(&s, "g", 1, TierUpdate::Keep).await;
+    assert_eq!(tr(&mut conn).await.as_deref(), Some("gold"), "'' keeps");
+    fill_tier(&s, "g", 1, TierUpdate::Clear).await;
+    assert_eq!(tr(&mut conn).await, None, "'-' clears");
+}
+
 #[tokio::test]
 async fn weights_scale_the_quantum() {
     let mut policy = QueuePolicy::default();
@@ -747,7 +834,12 @@ async fn a_fenced_queue_refuses_a_stale_table_and_the_producer_reroutes() {
 
     // routed by the stale table (version - 1), the queue says STALE
     let refused = s
-        .enqueue_batch_routed(old, &[env(&tenant, 0)], |_| None, version - 1)
+        .enqueue_batch_routed(
+            old,
+            &[env(&tenant, 0)],
+            |_| lanekeeper::store::TenantTerms::default(),
+            version - 1,
+        )
         .await
         .unwrap();
     assert_eq!(

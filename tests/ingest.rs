@@ -174,7 +174,7 @@ fn err_field(v: &Value) -> &str {
 #[tokio::test]
 async fn every_route_refuses_a_caller_without_a_key_or_for_another_tenant() {
     let a = api(Config::default()).await;
-    assert_eq!(lanekeeper::ingest::ROUTES.len(), 9);
+    assert_eq!(lanekeeper::ingest::ROUTES.len(), 13);
     for (method, path) in lanekeeper::ingest::ROUTES.iter() {
         let m = reqwest::Method::from_bytes(method.to_uppercase().as_bytes()).unwrap();
         let body = match (*method, path.as_str()) {
@@ -1029,4 +1029,304 @@ fn the_binary_serves_until_sigterm_then_exits_cleanly() {
     support::process::signal(pid, libc::SIGTERM);
     let exit = support::process::wait_exit(pid, Duration::from_secs(10));
     assert_eq!(exit, Some(Some(0)), "{}", support::process::tail(log, 20));
+}
+
+/// The tier a tenant's queue state holds (`tr`), as enqueue wrote it.
+async fn queue_tier(a: &Api, tenant: &str) -> Option<String> {
+    let q = a.queue_of(tenant).await;
+    let p = lanekeeper::store::keys::queue_prefix(a.store.set(), q);
+    let client = redis::Client::open(support::redis::shared().url.as_str()).unwrap();
+    let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+    redis::cmd("HGET")
+        .arg(lanekeeper::store::keys::tenant(&p, tenant))
+        .arg("tr")
+        .query_async(&mut conn)
+        .await
+        .unwrap()
+}
+
+impl Api {
+    async fn tiers(&self, key: &str, body: &str) -> (StatusCode, Value) {
+        self.raw(key, "/v1/admin/tiers", "text/plain", body).await
+    }
+}
+
+/// The admin tier API: one tenant's tier set, read and cleared, many at
+/// once, each reaching the tenant's queue with its next event; tenant keys
+/// refused, bad names refused naming the line with nothing written.
+#[tokio::test]
+async fn tiers_are_set_read_cleared_and_bulk_set_by_admin_keys_only() {
+    let a = api(Config::default()).await;
+    a.endpoint("acme", "default", &[]).await;
+    a.endpoint("globex", "default", &[]).await;
+    let put = |key: &str, tenant: &str, tier: &str| {
+        let (key, tenant, tier) = (key.to_string(), tenant.to_string(), tier.to_string());
+        let a = &a;
+        async move {
+            let (s, v, _) = a
+                .call(
+                    reqwest::Method::PUT,
+                    &format!("/v1/admin/tiers/{tenant}"),
+                    Some(&key),
+                    Some(json!({ "tier": tier })),
+                )
+                .await;
+            (s, v)
+        }
+    };
+    // a tenant key may not set a tier, not even its own tenant's
+    for key in [&a.acme, &a.globex] {
+        let (s, v) = put(key, "acme", "gold").await;
+        assert_eq!(
+            (s, v["code"].as_str()),
+            (StatusCode::FORBIDDEN, Some("forbidden")),
+            "{v}"
+        );
+        let (s, _) = a.tiers(key, "acme gold\n").await;
+        assert_eq!(s, StatusCode::FORBIDDEN);
+        let (s, _, _) = a
+            .call(
+                reqwest::Method::GET,
+                "/v1/admin/tiers/acme",
+                Some(key),
+                None,
+            )
+            .await;
+        assert_eq!(s, StatusCode::FORBIDDEN);
+    }
+    assert_eq!(
+        a.store.tier_sources("acme").await.unwrap(),
+        Default::default()
+    );
+
+    let (s, v) = put(&a.admin, "acme", "gold").await;
+    assert_eq!(s, StatusCode::OK, "{v}");
+    assert_eq!(
+        (v["tier"].as_str(), v["api"].as_str()),
+        (Some("gold"), Some("gold")),
+        "{v}"
+    );
+    let (s, _) = a
+        .post(&a.acme, json!({"tenant": "acme", "payload": {}}))
+        .await;
+    assert_eq!(s, StatusCode::ACCEPTED);
+    assert_eq!(queue_tier(&a, "acme").await.as_deref(), Some("gold"));
+    // a tenant with no tier has none in its queue
+    let (s, _) = a
+        .post(&a.globex, json!({"tenant": "globex", "payload": {}}))
+        .await;
+    assert_eq!(s, StatusCode::ACCEPTED);
+    assert_eq!(queue_tier(&a, "globex").await, None);
+
+    // odd tier names: 400 naming the field, nothing written
+    for bad in [
+        "",
+        "-gold",
+        "gold tier",
+        "x=4",
+        &"t".repeat(64),
+        "g\u{202e}",
+    ] {
+        let (s, v) = put(&a.admin, "acme", bad).await;
+        assert_eq!(
+            (s, err_field(&v)),
+            (StatusCode::BAD_REQUEST, "tier"),
+            "{bad:?}: {v}"
+        );
+    }
+    let (s, v, _) = a
+        .call(
+            reqwest::Method::GET,
+            "/v1/admin/tiers/acme",
+            Some(&a.admin),
+            None,
+        )
+        .await;
+    assert_eq!(
+        (s, v["tier"].as_str()),
+        (StatusCode::OK, Some("gold")),
+        "{v}"
+    );
+
+    // clear: the tenant has no tier, and its queue follows at its next event
+    let (s, v, _) = a
+        .call(
+            reqwest::Method::DELETE,
+            "/v1/admin/tiers/acme",
+            Some(&a.admin),
+            None,
+        )
+        .await;
+    assert_eq!((s, v["tier"].clone()), (StatusCode::OK, Value::Null), "{v}");
+    let (s, _) = a
+        .post(&a.acme, json!({"tenant": "acme", "payload": {}}))
+        .await;
+    assert_eq!(s, StatusCode::ACCEPTED);
+    assert_eq!(queue_tier(&a, "acme").await, None);
+
+    // bulk: many at once, '-' clears, the later line wins
+    let (s, v) = a
+        .tiers(
+            &a.admin,
+            "# tiers\nacme silver\n\nglobex gold\nglobex\tbronze\n",
+        )
+        .await;
+    assert_eq!(s, StatusCode::OK, "{v}");
+    assert_eq!(
+        (v["set"].as_u64(), v["cleared"].as_u64()),
+        (Some(3), Some(0)),
+        "{v}"
+    );
+    assert_eq!(
+        a.store.tier_sources("globex").await.unwrap().api.as_deref(),
+        Some("bronze")
+    );
+    let (s, v) = a.tiers(&a.admin, "acme -\n").await;
+    assert_eq!((s, v["cleared"].as_u64()), (StatusCode::OK, Some(1)), "{v}");
+    assert_eq!(a.store.tier_sources("acme").await.unwrap().api, None);
+
+    // a bad line refuses the call, naming the line and what is wrong; nothing is written
+    for (body, line, says) in [
+        ("acme gold\nglobex tier!x\n", "line 2", "tier \"tier!x\""),
+        ("acme gold\n\n-x gold\n", "line 3", "tenant \"-x\""),
+        ("acme gold silver\n", "line 1", "expected `<tenant> <tier>`"),
+        ("acme\n", "line 1", "expected `<tenant> <tier>`"),
+    ] {
+        let (s, v) = a.tiers(&a.admin, body).await;
+        assert_eq!(
+            (s, err_field(&v)),
+            (StatusCode::BAD_REQUEST, line),
+            "{body:?}: {v}"
+        );
+        let m = v["message"].as_str().unwrap();
+        assert!(
+            m.contains(says) && m.contains("nothing was written"),
+            "{body:?}: {m}"
+        );
+        assert_eq!(
+            a.store.tier_sources("acme").await.unwrap().api,
+            None,
+            "{body:?}"
+        );
+    }
+    let (s, v) = a.raw(&a.admin, "/v1/admin/tiers", "text/plain", "").await;
+    assert_eq!((s, v["set"].as_u64()), (StatusCode::OK, Some(0)), "{v}");
+}
+
+/// 40,000 assignments in one bulk call: answered in seconds, and no Redis
+/// call it makes takes 10 ms or more (SLOWLOG, calls on this set's keys).
+#[tokio::test]
+async fn forty_thousand_tiers_in_one_bulk_call_and_no_redis_call_over_10ms() {
+    let a = api(Config::default()).await;
+    let client = redis::Client::open(support::redis::shared().url.as_str()).unwrap();
+    let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+    let _: () = redis::cmd("CONFIG")
+        .arg("SET")
+        .arg("slowlog-log-slower-than")
+        .arg(1000)
+        .arg("slowlog-max-len")
+        .arg(4096)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let since = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs()
+        - 1;
+    let tiers = ["free", "pro", "enterprise", "gold.eu", "tier_2"];
+    let body: String = (0..40_000)
+        .map(|i| format!("tenant-{i:05} {}\n", tiers[i % tiers.len()]))
+        .collect();
+    let started = Instant::now();
+    let (s, v) = a.tiers(&a.admin, &body).await;
+    let took = started.elapsed();
+    assert_eq!(
+        (s, v["set"].as_u64()),
+        (StatusCode::OK, Some(40_000)),
+        "{v}"
+    );
+    let key = lanekeeper::store::keys::tiers_api(a.store.set());
+    let n: u64 = redis::cmd("HLEN")
+        .arg(&key)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(n, 40_000);
+    assert_eq!(
+        a.store
+            .tier_sources("tenant-00003")
+            .await
+            .unwrap()
+            .api
+            .as_deref(),
+        Some("gold.eu")
+    );
+    // every slow call on this set's keys, from the log
+    let log: Vec<redis::Value> = redis::cmd("SLOWLOG")
+        .arg("GET")
+        .arg(4096)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let mut worst_us = 0i64;
+    for entry in log {
+        let redis::Value::Array(e) = entry else {
+            continue;
+        };
+        let (
+            Some(redis::Value::Int(at)),
+            Some(redis::Value::Int(us)),
+            Some(redis::Value::Array(args)),
+        ) = (e.get(1), e.get(2), e.get(3))
+        else {
+            continue;
+        };
+        let ours = args
+            .iter()
+            .any(|a| matches!(a, redis::Value::BulkString(b) if b == key.as_bytes()));
+        if ours && *at as u64 >= since {
+            worst_us = worst_us.max(*us);
+        }
+    }
+    eprintln!("bulk tiers: 40000 assignments in {took:?}; slowest Redis call on the set's keys {worst_us} us (0: none over 1 ms)");
+    assert!(worst_us < 10_000, "a Redis call took {worst_us} us");
+    assert!(took < Duration::from_secs(20), "took {took:?}");
+}
+
+/// A 100 MB body to the bulk call is refused 413 without being read.
+#[tokio::test]
+async fn a_100mb_tier_body_is_refused_413() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let a = api(Config::default()).await;
+    let addr = a.base.trim_start_matches("http://").to_string();
+    let stream = tokio::net::TcpStream::connect(&addr).await.unwrap();
+    let (mut rd, mut wr) = stream.into_split();
+    let head = format!(
+        "POST /v1/admin/tiers HTTP/1.1\r\nhost: {addr}\r\nauthorization: Bearer {}\r\ncontent-type: text/plain\r\ncontent-length: {}\r\n\r\n",
+        a.admin,
+        100 * 1024 * 1024
+    );
+    wr.write_all(head.as_bytes()).await.unwrap();
+    let writer = tokio::spawn(async move {
+        let chunk = "tenant gold\n".repeat(87_382).into_bytes(); // about 1 MiB
+        for _ in 0..100 {
+            if wr.write_all(&chunk).await.is_err() {
+                return;
+            }
+        }
+    });
+    let mut answer = vec![0u8; 4096];
+    let n = tokio::time::timeout(Duration::from_secs(30), rd.read(&mut answer))
+        .await
+        .expect("an answer before the body is sent")
+        .unwrap();
+    let text = String::from_utf8_lossy(&answer[..n]).to_string();
+    assert!(text.starts_with("HTTP/1.1 413"), "{text}");
+    assert!(text.contains("payload_too_large"), "{text}");
+    writer.abort();
+    assert_eq!(
+        a.store.tier_sources("tenant").await.unwrap(),
+        Default::default()
+    );
 }

@@ -683,3 +683,77 @@ async fn pace_hostile_retry_after_values_neither_crash_nor_pause_beyond_the_max(
     // the worker is still alive and exits cleanly
     stop(pid);
 }
+
+/// Tier weights with real workers under contention: one shard, one worker
+/// process, four backlogged tenants with the same endpoint delay. The tenant
+/// in the tier of weight 4 gets four times the worker-seconds (attribution,
+/// as the workers measured them) of the one in the tier of weight 1, within
+/// 25%; a tenant with no tier, and one in a tier without a weight, get the
+/// default weight 1.
+#[tokio::test]
+async fn a_tier_of_weight_four_gets_four_times_the_worker_seconds() {
+    use lanekeeper::store::{TenantTerms, TierUpdate};
+    let mut policy = QueuePolicy {
+        quantum_seconds: 0.1,
+        ..Default::default()
+    };
+    policy.tier_weights.insert("gold".into(), 4.0);
+    policy.tier_weights.insert("basic".into(), 1.0);
+    let s = setup(policy).await;
+    let tenants = [
+        ("gold", Some("gold")),
+        ("basic", Some("basic")),
+        ("none", None),
+        ("unlisted", Some("platinum")),
+    ];
+    for (t, tier) in tenants {
+        s.endpoint(t, "delay-10", 1).await;
+        let envs: Vec<_> = (0..3000).map(|i| envelope(t, i)).collect();
+        for chunk in envs.chunks(1000) {
+            let terms = |_: &str| TenantTerms {
+                backlog_limit: None,
+                tier: tier.map_or(TierUpdate::Keep, |x| TierUpdate::Set(x.into())),
+            };
+            for r in s
+                .store
+                .enqueue_batch_routed(Q, chunk, terms, 0)
+                .await
+                .unwrap()
+            {
+                r.unwrap();
+            }
+        }
+    }
+    let pid = s.worker(&["--concurrency", "4"]);
+    s.wait_for_accepted(1400, Duration::from_secs(60)).await;
+    stop(pid);
+    let stats = s
+        .store
+        .tenant_stats(Q, Duration::from_secs(600))
+        .await
+        .unwrap();
+    let secs = |t: &str| {
+        stats
+            .iter()
+            .find(|x| x.tenant == t)
+            .map_or(0.0, |x| x.worker_seconds)
+    };
+    let (gold, basic, none, unlisted) =
+        (secs("gold"), secs("basic"), secs("none"), secs("unlisted"));
+    eprintln!(
+        "tiers with a real worker: worker-seconds gold {gold:.2}, basic {basic:.2}, no tier {none:.2}, unlisted tier {unlisted:.2}; gold/basic {:.2}",
+        gold / basic
+    );
+    assert!(
+        (3.0..=5.0).contains(&(gold / basic)),
+        "gold/basic {:.2}",
+        gold / basic
+    );
+    for (what, x) in [("no tier", none), ("unlisted tier", unlisted)] {
+        assert!(
+            (0.75..=1.25).contains(&(x / basic)),
+            "{what}/basic {:.2}",
+            x / basic
+        );
+    }
+}

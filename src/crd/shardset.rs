@@ -353,8 +353,11 @@ pub struct SchedulerSpec {
     #[schemars(length(max = 10000))]
     pub weights: Vec<TenantWeight>,
 
-    /// Per-tier weights, for tenants tagged with a tier at registration. A
-    /// per-tenant weight wins over its tier's.
+    /// Per-tier weights. A tenant's tier comes from the ingest admin API
+    /// (`PUT /v1/admin/tiers/{tenant}`, bulk `POST /v1/admin/tiers`) or from
+    /// `tierAssignments`; the API's wins. A per-tenant weight wins over its
+    /// tier's; a tenant with no tier, or a tier not listed here, gets
+    /// `defaultWeight`.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[x_kube(merge_strategy = ListMerge::Map(vec!["tier".into()]))]
     #[schemars(length(max = 64))]
@@ -408,9 +411,12 @@ pub struct TenantWeight {
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
 #[serde(rename_all = "camelCase")]
 pub struct TierWeight {
-    /// Tier name, as tagged on tenants at registration.
+    /// Tier name: a letter or digit, then up to 62 letters, digits, '.', '_' or '-'.
     #[x_kube(validation = Rule::new("self != ''").message("tier must not be empty"))]
-    #[schemars(length(max = 64))]
+    #[schemars(
+        length(max = 63),
+        regex(pattern = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
+    )]
     pub tier: String,
     /// Weight, at least 0.01 and at most 1000.
     #[x_kube(validation = Rule::new("self >= 0.01 && self <= 1000.0").message("weight must be at least 0.01 and at most 1000"))]
@@ -909,6 +915,11 @@ impl crate::policy::QueuePolicy {
                 .weights
                 .iter()
                 .map(|w| (w.tenant.clone(), w.weight))
+                .collect(),
+            tier_weights: s
+                .tier_weights
+                .iter()
+                .map(|w| (w.tier.clone(), w.weight))
                 .collect(),
             max_attempts: spec.delivery.max_attempts.max(1) as u32,
             breaker: BreakerPolicy {

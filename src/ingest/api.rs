@@ -14,6 +14,7 @@ use super::events::*;
 use super::metrics::record;
 use super::serve::read_body;
 use super::tenants::*;
+use super::tiers::*;
 use super::Ingest;
 
 /// The API's operations, each named once, by its handler: the handler's
@@ -51,6 +52,10 @@ operations!(
     list_dead,
     replay_dead,
     stats,
+    put_tier,
+    get_tier,
+    delete_tier,
+    post_tiers,
 );
 
 /// Every operation of the document: `(method, its filter, path, operation id)`.
@@ -261,6 +266,10 @@ mod tests {
             ("get", "/v1/tenants/{tenant}/dead-letters"),
             ("post", "/v1/tenants/{tenant}/dead-letters:replay"),
             ("get", "/v1/tenants/{tenant}/stats"),
+            ("put", "/v1/admin/tiers/{tenant}"),
+            ("get", "/v1/admin/tiers/{tenant}"),
+            ("delete", "/v1/admin/tiers/{tenant}"),
+            ("post", "/v1/admin/tiers"),
         ];
         want.sort();
         assert_eq!(served, want);

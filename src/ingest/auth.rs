@@ -265,6 +265,30 @@ impl FromRequestParts<Ingest> for Caller {
     }
 }
 
+/// The caller of an admin-only route (`/v1/admin/...`): its key is known
+/// and is an admin key; any other is refused 403.
+pub struct Admin(pub Principal);
+
+impl FromRequestParts<Ingest> for Admin {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, ingest: &Ingest) -> Result<Self, ApiError> {
+        let who = ingest.authenticate(&parts.headers)?;
+        match who.scope {
+            Scope::Admin => Ok(Admin(who)),
+            Scope::Tenant(_) => Err(ApiError::new(
+                StatusCode::FORBIDDEN,
+                "forbidden",
+                None,
+                format!(
+                    "api key {:?} is not an admin key; this operation needs one",
+                    who.name
+                ),
+            )),
+        }
+    }
+}
+
 /// The caller of a `/v1/tenants/{tenant}/...` route: its key is known, may
 /// act for the tenant in the path, and that tenant is valid. The only way a
 /// tenant handler learns its tenant.

@@ -119,6 +119,13 @@ impl Default for Config {
 /// longest kind fit).
 pub const MAX_REPLAY_BODY_BYTES: usize = 2 * 1024 * 1024;
 
+/// Largest body of a bulk tier call (`POST /v1/admin/tiers`): 8 MiB, about
+/// 300,000 lines of typical tenant and tier names.
+pub const MAX_TIERS_BODY_BYTES: usize = 8 * 1024 * 1024;
+
+/// Most assignments one bulk tier call takes.
+pub const MAX_TIER_ASSIGNMENTS: usize = 100_000;
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -371,15 +371,20 @@ impl<'a> Slices<'a> {
         let owners = std::mem::take(&mut self.owners);
         self.bytes = 0;
         let backlog = &self.ingest.inner.config.backlog;
-        let results = self
-            .ingest
-            .redis(
+        let tenants: Vec<&str> = envs.iter().map(|e| e.tenant.as_str()).collect();
+        let results = match self.ingest.tier_updates(&tenants).await {
+            Ok(tiers) => {
                 self.ingest
-                    .inner
-                    .producer
-                    .send_batch(&envs, |t| backlog.for_tenant(t)),
-            )
-            .await;
+                    .redis(self.ingest.inner.producer.send_batch(&envs, |t| {
+                        crate::store::TenantTerms {
+                            backlog_limit: backlog.for_tenant(t),
+                            tier: tiers.get(t).cloned().unwrap_or_default(),
+                        }
+                    }))
+                    .await
+            }
+            Err(e) => Err(e),
+        };
         let results = match results {
             Ok(r) => r,
             Err(e) => {

@@ -10,7 +10,8 @@
 //!
 //! This file holds the handlers' shared state ([`Ingest`]) and re-exports;
 //! each job has its file: `config`, `wire`, `error`, `auth` (keys and the
-//! extractors), `events`, `tenants`, `api`, `metrics`, `serve`.
+//! extractors), `events`, `tenants`, `tiers` (the admin tier assignments),
+//! `api`, `metrics`, `serve`.
 
 mod api;
 pub mod auth;
@@ -20,12 +21,13 @@ mod events;
 mod metrics;
 mod serve;
 mod tenants;
+mod tiers;
 mod wire;
 
 pub use api::{router, ApiDoc, ROUTES};
 pub use config::{
     BacklogLimits, Config, EndpointLimits, MAX_ENDPOINT_BODY_BYTES, MAX_EVENT_TYPE_BYTES,
-    MAX_REPLAY_BODY_BYTES,
+    MAX_REPLAY_BODY_BYTES, MAX_TIERS_BODY_BYTES, MAX_TIER_ASSIGNMENTS,
 };
 pub use error::ApiError;
 pub use metrics::route_label;
@@ -33,6 +35,7 @@ pub use serve::serve;
 pub use wire::{
     Accepted, BatchResult, DeadLetterOut, DeadLettersOut, DeadQuery, EndpointIn, EndpointOut,
     ErrorBody, EventAccepted, EventIn, ItemResult, ReplayIn, ReplayOut, StatsOut, StatsQuery,
+    TierIn, TierOut, TiersOut,
 };
 
 use std::collections::BTreeMap;
@@ -58,12 +61,16 @@ type EndpointCache = TtlCache<String, Arc<BTreeMap<String, Endpoint>>>;
 /// Tenants whose endpoints one ingest process remembers at most.
 const ENDPOINT_CACHE_CAPACITY: usize = 65_536;
 
+/// Tenant -> its tier in force (None: no tier), reused for `cache_ttl`.
+type TierCache = TtlCache<String, Option<Arc<str>>>;
+
 struct Inner {
     producer: Producer,
     keys: Keys,
     config: Config,
     metrics: IngestMetrics,
     endpoints: EndpointCache,
+    tiers: TierCache,
     /// Endpoint writes of this process, one at a time, so that the count
     /// check and the write of one PUT are not interleaved with another's.
     endpoint_writes: tokio::sync::Mutex<()>,
@@ -74,6 +81,7 @@ struct Inner {
 impl Ingest {
     pub fn new(store: Store, keys: Keys, config: Config, metrics: IngestMetrics) -> Self {
         let endpoints = EndpointCache::new(config.cache_ttl, ENDPOINT_CACHE_CAPACITY);
+        let tiers = TierCache::new(config.cache_ttl, ENDPOINT_CACHE_CAPACITY);
         Self {
             inner: Arc::new(Inner {
                 producer: Producer::new(store, config.cache_ttl),
@@ -81,6 +89,7 @@ impl Ingest {
                 config,
                 metrics,
                 endpoints,
+                tiers,
                 endpoint_writes: tokio::sync::Mutex::new(()),
                 eviction: Mutex::default(),
             }),
@@ -120,6 +129,53 @@ impl Ingest {
     /// Forget a tenant's cached endpoints (this process just changed them).
     fn forget_endpoints(&self, tenant: &str) {
         self.inner.endpoints.remove(&tenant.to_string());
+    }
+
+    /// The tier update each of `tenants` takes to its queue: its tier in
+    /// force (the admin API's, else the ConfigMap's) or none, cached briefly
+    /// (admin writes through this process refresh the cache at once; other
+    /// replicas see them within the TTL). Uncached tenants cost one round
+    /// trip together.
+    async fn tier_updates(
+        &self,
+        tenants: &[&str],
+    ) -> Result<std::collections::HashMap<String, crate::store::TierUpdate>, ApiError> {
+        use crate::store::TierUpdate;
+        let cache = &self.inner.tiers;
+        let mut out = std::collections::HashMap::with_capacity(tenants.len());
+        let mut missing: Vec<&str> = Vec::new();
+        for t in tenants {
+            if out.contains_key(*t) || missing.contains(t) {
+                continue;
+            }
+            match cache.get(&t.to_string()) {
+                Some(tier) => {
+                    out.insert(t.to_string(), tier_update(tier));
+                }
+                None => missing.push(t),
+            }
+        }
+        if !missing.is_empty() {
+            let found = self.redis(self.store().tenant_tiers(&missing)).await?;
+            for (t, tier) in missing.into_iter().zip(found) {
+                let tier: Option<Arc<str>> = tier.map(Arc::from);
+                cache.insert(t.to_string(), tier.clone());
+                out.insert(t.to_string(), tier_update(tier));
+            }
+        }
+        return Ok(out);
+
+        fn tier_update(tier: Option<Arc<str>>) -> TierUpdate {
+            match tier {
+                Some(t) => TierUpdate::Set(t),
+                None => TierUpdate::Clear,
+            }
+        }
+    }
+
+    /// Forget a tenant's cached tier (this process just changed it).
+    fn forget_tier(&self, tenant: &str) {
+        self.inner.tiers.remove(&tenant.to_string());
     }
 
     fn count(&self, outcome: &str, n: u64) {

@@ -12,7 +12,7 @@ use axum::response::{IntoResponse, Response};
 use axum::Router;
 
 use super::api::router;
-use super::config::{Config, MAX_ENDPOINT_BODY_BYTES, MAX_REPLAY_BODY_BYTES};
+use super::config::{Config, MAX_ENDPOINT_BODY_BYTES, MAX_REPLAY_BODY_BYTES, MAX_TIERS_BODY_BYTES};
 use super::error::ApiError;
 use super::Ingest;
 
@@ -58,7 +58,10 @@ pub(super) async fn read_body(
         return r;
     }
     let limit = match matched.as_ref().map(|m| m.as_str()) {
-        Some("/v1/tenants/{tenant}/endpoints/{endpoint}") => MAX_ENDPOINT_BODY_BYTES,
+        Some("/v1/tenants/{tenant}/endpoints/{endpoint}") | Some("/v1/admin/tiers/{tenant}") => {
+            MAX_ENDPOINT_BODY_BYTES
+        }
+        Some("/v1/admin/tiers") => MAX_TIERS_BODY_BYTES.min(config.max_body_bytes),
         Some("/v1/tenants/{tenant}/dead-letters:replay") => {
             MAX_REPLAY_BODY_BYTES.min(config.max_body_bytes)
         }

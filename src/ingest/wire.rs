@@ -181,6 +181,38 @@ pub struct ReplayOut {
     pub replayed: u64,
 }
 
+/// A tenant's tier, as the admin API sets it.
+#[derive(Clone, Debug, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct TierIn {
+    /// Tier name: a letter or digit, then up to 62 letters, digits, '.', '_' or '-'.
+    pub tier: String,
+}
+
+/// A tenant's tier and where it comes from.
+#[derive(Clone, Debug, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct TierOut {
+    pub tenant: String,
+    /// The tier in force (`api`, else `configMap`); null: none, the tenant
+    /// gets the default weight.
+    pub tier: Option<String>,
+    /// Set through this API.
+    pub api: Option<String>,
+    /// From the ShardSet's `scheduler.tierAssignments` ConfigMap.
+    pub config_map: Option<String>,
+}
+
+/// What a bulk tier call wrote.
+#[derive(Clone, Debug, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct TiersOut {
+    /// Assignments set.
+    pub set: u64,
+    /// Assignments cleared (lines `<tenant> -`).
+    pub cleared: u64,
+}
+
 /// A tenant's state in its queue.
 #[derive(Clone, Debug, Serialize, Deserialize, ToSchema)]
 #[serde(rename_all = "camelCase")]

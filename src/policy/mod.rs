@@ -8,11 +8,13 @@
 //! - [`attribution`]: the worker-seconds window, its buckets and the
 //!   per-tenant figures read from them.
 //! - [`promotion`]: which tenants deserve a dedicated lane, with hysteresis.
+//! - [`tiers`]: tier names and the `<tenant> <tier>` assignment lines.
 
 pub mod attribution;
 pub mod backoff;
 pub mod promotion;
 pub mod queue;
+pub mod tiers;
 
 pub use attribution::TenantStats;
 pub use backoff::{capped_backoff, retry_delay};

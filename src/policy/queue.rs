@@ -27,8 +27,12 @@ pub struct QueuePolicy {
     /// Strict per-tenant order.
     pub ordered: bool,
     pub default_weight: f64,
-    /// Per-tenant weights (tier weights already resolved by the caller).
+    /// Per-tenant weights; a tenant's own weight wins over its tier's.
     pub weights: BTreeMap<String, f64>,
+    /// Per-tier weights, for tenants whose tier (`tr`, set at enqueue from
+    /// the set's tier assignments) is listed; any other tenant gets
+    /// `default_weight`.
+    pub tier_weights: BTreeMap<String, f64>,
     /// Estimate charged for a tenant with no delivery measured yet.
     pub initial_estimate_seconds: f64,
     /// Attempts before an envelope is dead-lettered.
@@ -91,6 +95,7 @@ impl Default for QueuePolicy {
             ordered: false,
             default_weight: 1.0,
             weights: BTreeMap::new(),
+            tier_weights: BTreeMap::new(),
             initial_estimate_seconds: 1.0,
             max_attempts: 10,
             idempotency_window: Duration::from_secs(24 * 3600),

@@ -30,6 +30,24 @@ pub fn endpoints(set: &SetId, tenant: &str) -> String {
     format!("lk:{{{}/{}}}:endpoints:{tenant}", set.namespace, set.name)
 }
 
+/// Tier assignments from the ShardSet's ConfigMap: `lk:{<namespace>/<set>}:tiers`
+/// (a hash, tenant -> tier; the controller syncs it).
+pub fn tiers(set: &SetId) -> String {
+    format!("lk:{{{}/{}}}:tiers", set.namespace, set.name)
+}
+
+/// Tier assignments through the ingest admin API: `lk:{<namespace>/<set>}:tiers:api`
+/// (a hash, tenant -> tier; wins over [`tiers`]).
+pub fn tiers_api(set: &SetId) -> String {
+    format!("lk:{{{}/{}}}:tiers:api", set.namespace, set.name)
+}
+
+/// The ConfigMap last synced into [`tiers`], `<name>@<resourceVersion>`:
+/// `lk:{<namespace>/<set>}:tiers:synced` (a string).
+pub fn tiers_synced(set: &SetId) -> String {
+    format!("lk:{{{}/{}}}:tiers:synced", set.namespace, set.name)
+}
+
 /// SCAN pattern of every key of the set's queues: `lk:{<namespace>/<set>/*`.
 pub fn set_queues_pattern(set: &SetId) -> String {
     format!("lk:{{{}/{}/*", set.namespace, set.name)
@@ -144,6 +162,9 @@ mod tests {
         assert_eq!(p, format!("lk:{{ns/web/{}}}", QueueId::Shard(3)));
         assert_eq!(routing(&set), "lk:{ns/web}:routing");
         assert_eq!(endpoints(&set, "acme"), "lk:{ns/web}:endpoints:acme");
+        assert_eq!(tiers(&set), "lk:{ns/web}:tiers");
+        assert_eq!(tiers_api(&set), "lk:{ns/web}:tiers:api");
+        assert_eq!(tiers_synced(&set), "lk:{ns/web}:tiers:synced");
         assert_eq!(slot_guard(&p), format!("{p}:~slotguard"));
         assert_eq!(envelope(&p, "acme", "x"), format!("{p}:e:4:acme:x"));
         assert_eq!(set_queues_pattern(&set), "lk:{ns/web/*");

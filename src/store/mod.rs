@@ -11,7 +11,7 @@
 //! scripts as one Functions library), `conn` (connections and calls), `url`,
 //! `reply` (reply types, one decoder per script reply), and the `impl Store`
 //! blocks by job: `queue`, `routing`, `relocation`, `stats`, `deadletters`,
-//! `endpoints`, `admin`, `durable`, `settings`.
+//! `endpoints`, `tiers`, `admin`, `durable`, `settings`.
 //!
 //! Steps that span two queues (moving a hold buffer) are sequences of
 //! single-queue scripts, each idempotent, so a mover that dies halfway can
@@ -41,6 +41,7 @@ mod reply;
 mod routing;
 mod settings;
 mod stats;
+mod tiers;
 mod url;
 
 pub mod keys;
@@ -49,12 +50,13 @@ pub use cache::TtlCache;
 pub use conn::{ConnectOptions, RedisTls};
 pub use deadletters::{DEAD_LETTER_PAGE, REPLAY_PAGE};
 pub use library::SLOT_GUARD;
-pub use queue::ENQUEUE_CHUNK;
+pub use queue::{TenantTerms, TierUpdate, ENQUEUE_CHUNK};
 pub use reply::{
     Acked, BreakerChange, DeadLetter, DeadLetterPage, EnqueueOutcome, Failure, Lease, LeaseOutcome,
     NackOutcome, ReplayPage, TenantActivity, TenantQueueState, TenantStats,
 };
 pub use settings::{log_at_start as log_settings_at_start, worst as worst_settings, RedisSettings};
+pub use tiers::{TierSources, TierSync, TIER_CHUNK};
 pub use url::{
     cluster_nodes, cluster_url, is_tls_url, redact, with_password, with_username, CLUSTER_SCHEMES,
 };

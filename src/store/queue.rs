@@ -22,6 +22,49 @@ use crate::routing::QueueId;
 /// Envelopes per enqueue script call in a batch.
 pub const ENQUEUE_CHUNK: usize = 200;
 
+/// What an enqueue tells the queue about its tenant's tier (`tr` in the
+/// tenant's state, which picks the tier weight).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub enum TierUpdate {
+    /// Not known to the caller: the tenant keeps what it has.
+    #[default]
+    Keep,
+    /// The tenant has no tier (any it had is cleared).
+    Clear,
+    /// The tenant's tier.
+    Set(std::sync::Arc<str>),
+}
+
+impl TierUpdate {
+    /// The script argument: '' keep, '-' clear, else the name (a tier name
+    /// never starts with '-').
+    fn arg(&self) -> &str {
+        match self {
+            TierUpdate::Keep => "",
+            TierUpdate::Clear => "-",
+            TierUpdate::Set(t) => t,
+        }
+    }
+}
+
+/// What one enqueue call says about a tenant besides its envelopes.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct TenantTerms {
+    /// Envelopes are refused FULL once the tenant's depth reaches this.
+    pub backlog_limit: Option<u64>,
+    pub tier: TierUpdate,
+}
+
+impl TenantTerms {
+    /// A backlog limit only; the tier is kept.
+    pub fn limit(backlog_limit: Option<u64>) -> Self {
+        Self {
+            backlog_limit,
+            tier: TierUpdate::Keep,
+        }
+    }
+}
+
 /// Tenants a lease may credit and rotate before it answers `Again`.
 const LEASE_SCAN_BUDGET: u32 = 256;
 
@@ -63,9 +106,17 @@ impl Store {
         // The scripts read the policy as one field (see common.lua); the
         // fields one by one are what library versions before it read, kept
         // while such workers may still run during a rolling upgrade.
+        // Tier weights go only in the packed string, as `tw.<tier>=<weight>`
+        // (a tier name holds no space or '=').
         let packed = fields
             .iter()
             .map(|(k, v)| format!("{k}={v}"))
+            .chain(
+                policy
+                    .tier_weights
+                    .iter()
+                    .map(|(tier, w)| format!("tw.{tier}={w}")),
+            )
             .collect::<Vec<_>>()
             .join(" ");
         let mut pipe = redis::pipe();
@@ -116,6 +167,7 @@ impl Store {
                     env.endpoint_name().as_bytes(),
                     &payload,
                     limit.as_bytes(),
+                    TierUpdate::Keep.arg().as_bytes(),
                 ],
             )
             .await?;
@@ -145,17 +197,19 @@ impl Store {
         envs: &[Envelope],
         limit: impl Fn(&str) -> Option<u64>,
     ) -> Result<Vec<Result<EnqueueOutcome>>> {
-        self.enqueue_batch_routed(q, envs, limit, 0).await
+        self.enqueue_batch_routed(q, envs, |t| TenantTerms::limit(limit(t)), 0)
+            .await
     }
 
-    /// [`Store::enqueue_batch_limited`] by a caller that routed with the
-    /// routing table of version `routed`: if the queue's fence is newer, every
+    /// [`Store::enqueue_batch_limited`] with each tenant's terms (backlog
+    /// limit and tier), by a caller that routed with the routing table of
+    /// version `routed` (0: not routed): if the queue's fence is newer, every
     /// envelope answers [`EnqueueOutcome::Stale`] and nothing is stored.
     pub async fn enqueue_batch_routed(
         &self,
         q: QueueId,
         envs: &[Envelope],
-        limit: impl Fn(&str) -> Option<u64>,
+        terms: impl Fn(&str) -> TenantTerms,
         routed: u64,
     ) -> Result<Vec<Result<EnqueueOutcome>>> {
         let prefix = self.queue_prefix(q);
@@ -184,13 +238,21 @@ impl Store {
                 .arg(2)
                 .arg(&prefix)
                 .arg(&guard);
+            // six arguments per envelope (see enqueue.lua); a tenant's
+            // terms are asked for once per run of its envelopes
+            let mut last: Option<(&str, TenantTerms)> = None;
             for (i, payload) in chunk {
                 let env = &envs[*i];
+                if last.as_ref().is_none_or(|(t, _)| *t != env.tenant) {
+                    last = Some((&env.tenant, terms(&env.tenant)));
+                }
+                let (_, tt) = last.as_ref().expect("set above");
                 cmd.arg(&env.id)
                     .arg(&env.tenant)
                     .arg(env.endpoint_name())
                     .arg(payload)
-                    .arg(limit(&env.tenant).unwrap_or(0));
+                    .arg(tt.backlog_limit.unwrap_or(0))
+                    .arg(tt.tier.arg());
             }
             if routed > 0 {
                 cmd.arg(routed);

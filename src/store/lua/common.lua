@@ -19,7 +19,9 @@
 --                           xc its claims are being copied to another queue (a move; see claims.lua),
 --                           isrc/isq the queue and last sequence number imported from during a move,
 --                           pz the latest paced-until ms of any of its endpoints (0/absent: none,
---                           see P:pace:<tenant>).
+--                           see P:pace:<tenant>),
+--                           tr tier name (absent: none; written by enqueue from what ingest resolved
+--                           in the set's lk:{ns/set}:tiers:api and lk:{ns/set}:tiers hashes).
 --                           d, e and b are worker-time in whole microseconds, as are a lease's
 --                           charge and the worker-second buckets: integers are far cheaper for
 --                           Redis and Lua to format and parse than 17-digit fractions
@@ -88,7 +90,7 @@ local BUCKET_MS = 10000
 
 -- The queue this call works on, and its policy: bound by `begin`.
 local P, RING, LEASES, DELAYED, BLOCKED
-local QUANTUM, ORDERED, CAP, DEFAULT_WEIGHT, EST0, MAX_ATTEMPTS, ID_TTL, MAINT_NEXT
+local QUANTUM, ORDERED, CAP, DEFAULT_WEIGHT, EST0, MAX_ATTEMPTS, ID_TTL, MAINT_NEXT, TIER_WEIGHTS
 local BR_RATIO, BR_MIN, BR_WINDOW, BR_OPEN, DL_MAX, DL_AGE_MS
 -- The longest pause (ms) a receiver's Retry-After may put on its endpoint.
 local PACE_MAX
@@ -134,7 +136,13 @@ local QUEUE_KEYS = {}
 local POLICIES, POLICY_COUNT = {}, 0
 local function parse_policy(raw)
   local v = {}
-  for k, x in string.gmatch(raw, '(%w+)=(%S+)') do v[k] = x end
+  -- tier weights: 'tw.<tier>=<weight>' (tier names carry '.', '_' and '-')
+  local tw = {}
+  for k, x in string.gmatch(raw, '([%w%._%-]+)=(%S+)') do
+    v[k] = x
+    local tier = string.match(k, '^tw%.(.+)$')
+    if tier then tw[tier] = tonumber(x) end
+  end
   local field = function(k, default) return tonumber(v[k]) or default end
   local ordered = v.ordered == '1'
   return {
@@ -147,6 +155,7 @@ local function parse_policy(raw)
     dlmax = math.max(math.floor(field('dlmax', 100000)), 1), dlage = math.max(field('dlage', 604800), 1) * 1000,
     -- the longest receiver-asked pause, ms (delivery.maxRetryAfter; default 10 minutes)
     pmax = math.max(math.floor(field('pmax', 600000)), 1),
+    tw = tw,
   }
 end
 
@@ -169,6 +178,7 @@ local function begin(keys)
     POLICIES[raw], POLICY_COUNT = pol, POLICY_COUNT + 1
   end
   QUANTUM, ORDERED, CAP, DEFAULT_WEIGHT, EST0 = pol.quantum, pol.ordered, pol.cap, pol.weight, pol.est0
+  TIER_WEIGHTS = pol.tw
   MAX_ATTEMPTS, ID_TTL = pol.maxatt, pol.idttl
   BR_RATIO, BR_MIN, BR_WINDOW, BR_OPEN = pol.bratio, pol.bmin, pol.bwin, pol.bopen
   DL_MAX, DL_AGE_MS = pol.dlmax, pol.dlage
@@ -284,8 +294,14 @@ local function claim_ids(t, ids, now, ip, ia, xc)
   return fresh
 end
 
-local function weight(t)
-  return tonumber(redis.call('HGET', P .. ':weights', t)) or DEFAULT_WEIGHT
+-- A tenant's weight: its own (P:weights) wins over its tier's (`tr`, as the
+-- caller read it with the tenant's state: no extra call), then the queue's
+-- default. A tier the policy has no weight for gets the default.
+local function weight(t, tr)
+  local w = tonumber(redis.call('HGET', P .. ':weights', t))
+  if w then return w end
+  if tr then w = TIER_WEIGHTS[tr] end
+  return w or DEFAULT_WEIGHT
 end
 
 -- The tenant's quantum (us): the queue's, scaled by its weight.
@@ -293,8 +309,8 @@ end
 -- and weights): a quantum that rounds to nothing would never bring a tenant
 -- back into credit, and every lease would answer AGAIN.
 local MIN_QUANTUM = 100
-local function quantum(t)
-  return math.max(math.floor(QUANTUM * weight(t) + 0.5), MIN_QUANTUM)
+local function quantum(t, tr)
+  return math.max(math.floor(QUANTUM * weight(t, tr) + 0.5), MIN_QUANTUM)
 end
 
 -- Put a tenant on the ring, at the head (a fresh turn) or the tail. Every
@@ -324,9 +340,9 @@ end
 -- whale's turn; the interrupted turn resumes after it.
 local function activate_fresh(t)
   local tk = tkey(t)
-  local st = redis.call('HMGET', tk, 'r', 'k', 'd', 'bl')
+  local st = redis.call('HMGET', tk, 'r', 'k', 'd', 'bl', 'tr')
   if st[1] == '1' or st[2] == '1' or st[4] == '1' then return end
-  local q = quantum(t)
+  local q = quantum(t, st[5] or nil)
   local d = num(st[3], 0) + q
   -- b: what the fresh turn may still charge; refunds at ack do not extend it
   redis.call('HSET', tk, 'r', 1, 'd', d, 'b', q)

@@ -7,7 +7,8 @@
 -- tenant at the head of the ring where it belongs. `budget` is what its
 -- fresh turn may still charge (0 outside one). `set` holds the tenant
 -- fields the caller has changed; they are written with this step's in one HSET.
-local function reposition(t, tk, d, f, charged, budget, set)
+-- `tr` is the tenant's tier as the caller read it (nil: none).
+local function reposition(t, tk, d, f, charged, budget, set, tr)
   local n = #set
   if redis.call('LLEN', lane(t)) == 0 then
     -- idle: leaves the ring and keeps no credit (debt stays)
@@ -21,7 +22,7 @@ local function reposition(t, tk, d, f, charged, budget, set)
   elseif d <= 0 then
     -- turn over: next turn's quantum, to the tail of the ring
     redis.call('LMOVE', RING, RING, 'LEFT', 'RIGHT')
-    set[n + 1] = 'd'; set[n + 2] = d + quantum(t); set[n + 3] = 'b'; set[n + 4] = '0'
+    set[n + 1] = 'd'; set[n + 2] = d + quantum(t, tr); set[n + 3] = 'b'; set[n + 4] = '0'
   elseif budget > 0 and charged > 0 then
     -- a fresh turn: spent (refunds do not extend it), it goes on to the
     -- ring's tail with the credit it has left
@@ -73,7 +74,8 @@ local function lease_next(lease_ms, token, budget, now)
       return { 'EMPTY', math.max(wait, 1) }
     end
     local tk = tkey(t)
-    local st = redis.call('HMGET', tk, 'd', 'f', 'e', 'bw', 'b', 'pz')
+    local st = redis.call('HMGET', tk, 'd', 'f', 'e', 'bw', 'b', 'pz', 'tr')
+    local tr = st[7] or nil
     local d, f, e, b = num(st[1], 0), num(st[2], 0), num(st[3], EST0), num(st[5], 0)
     -- pz: the latest pause of any of the tenant's endpoints (0: none)
     local pz = num(st[6], 0)
@@ -125,7 +127,7 @@ local function lease_next(lease_ms, token, budget, now)
         -- an id without its record cannot be delivered; say so instead of dropping it silently
         local c = redis.call('HMGET', tk, 'n', 'ko')
         dead_letter(t, id, 0, MISSING, now, '', '')
-        reposition(t, tk, d, f, 0, b, { 'n', math.max(num(c[1], 0) - 1, 0), 'ko', num(c[2], 0) + 1 })
+        reposition(t, tk, d, f, 0, b, { 'n', math.max(num(c[1], 0) - 1, 0), 'ko', num(c[2], 0) + 1 }, tr)
       else
         local deadline = now + lease_ms
         -- the estimate as stored, when it is: no number to format
@@ -133,11 +135,11 @@ local function lease_next(lease_ms, token, budget, now)
         redis.call('ZADD', LEASES, deadline, member)
         d = d - e
         f = f + 1
-        reposition(t, tk, d, f, e, b, { 'd', d, 'f', istr(f) })
+        reposition(t, tk, d, f, e, b, { 'd', d, 'f', istr(f) }, tr)
         return { 'LEASED', id, t, env[1], env[2], env[3], member, deadline, env[4], change }
       end
     else
-      reposition(t, tk, d, f, 0, b, {})
+      reposition(t, tk, d, f, 0, b, {}, tr)
     end
   end
   return { 'AGAIN' }

@@ -1,7 +1,10 @@
 -- Helpers (common.lua): num, now_ms, tkey, lane, hold, ekey, claim_ids, activate_fresh
--- ARGV: id, tenant, endpoint, payload, backlog limit (0: none), repeated
--- for each envelope of the batch (one or many), then optionally the version
--- of the routing table the caller routed by. Returns a flat list with a
+-- ARGV: id, tenant, endpoint, payload, backlog limit (0: none), tier ('':
+-- unknown, keep what the tenant has; '-': none, clear it; else the tier
+-- name), repeated for each envelope of the batch (one or many), then
+-- optionally the version of the routing table the caller routed by. A
+-- tenant's tier (tr) is written only when it changes (the last non-empty
+-- tier of its envelopes in the call wins), also when they are refused FULL. Returns a flat list with a
 -- {tag, value} pair per envelope, in order:
 -- 'OK' seq | 'HELD' seq | 'DUP' 0 | 'MOVED' queue | 'FULL' depth | 'STALE' fence.
 -- FULL: the tenant's depth here (queued, held, delayed and in flight) had
@@ -12,7 +15,7 @@
 -- Per batch: tenant state is read once per tenant, each tenant's ids are
 -- checked in two set lookups and claimed in one, and each tenant's lane gets
 -- one RPUSH, so an envelope costs one HSET of its own.
-local n = math.floor(#ARGV / 5)
+local n = math.floor(#ARGV / 6)
 -- the caller sends at most ENQUEUE_CHUNK (200); refuse, before any write,
 -- what could not be unpacked
 if n > 1000 then return redis.error_reply('enqueue: at most 1000 envelopes per call, got ' .. n) end
@@ -21,7 +24,7 @@ if n > 1000 then return redis.error_reply('enqueue: at most 1000 envelopes per c
 -- refused whole with 'STALE' and the fence, and the producer refreshes its
 -- table. Without it (tests, the simulator, a hold buffer's import) nothing
 -- is checked.
-local routed = tonumber(ARGV[5 * n + 1]) or 0
+local routed = tonumber(ARGV[6 * n + 1]) or 0
 local min_route = num(MIN_ROUTE_RAW, 0)
 if routed > 0 and routed < min_route then
   local out = {}
@@ -35,19 +38,21 @@ local tenants = {} -- tenant -> {paused, moved, known, active, ip, xc, ids = {ca
 local order = {}
 local full = {} -- k -> true: over the tenant's backlog limit
 for k = 1, n do
-  local i = 5 * k - 4
+  local i = 6 * k - 5
   local t = ARGV[i + 1]
   local ts = tenants[t]
   if not ts then
     -- paused, moved, and whether activation can be skipped (already on the
     -- ring, parked at its cap, or blocked by a breaker)
-    local st = redis.call('HMGET', tkey(t), 'p', 'm', 'r', 'k', 'bl', 'n', 'ip', 'ia', 'xc', 'h')
+    local st = redis.call('HMGET', tkey(t), 'p', 'm', 'r', 'k', 'bl', 'n', 'ip', 'ia', 'xc', 'h', 'tr')
     ts = { paused = st[1] == '1', moved = st[2] or '', known = st[6] ~= false, depth = tonumber(st[6]) or 0,
-      active = st[3] == '1' or st[4] == '1' or st[5] == '1', ip = st[7], ia = st[8], xc = st[9], h = num(st[10], 0), ids = {}, lane = {}, held = {} }
+      active = st[3] == '1' or st[4] == '1' or st[5] == '1', ip = st[7], ia = st[8], xc = st[9], h = num(st[10], 0), tr = st[11] or '', ids = {}, lane = {}, held = {} }
     tenants[t] = ts
     order[#order + 1] = t
   end
   local limit = tonumber(ARGV[i + 4]) or 0
+  local tier = ARGV[i + 5]
+  if tier ~= nil and tier ~= '' then ts.tier = (tier == '-') and '' or tier end
   if ts.moved == '' then
     if limit > 0 and ts.depth >= limit then
       full[k] = true
@@ -65,7 +70,7 @@ local now_s = tostring(now)
 
 local out = {}
 for k = 1, n do
-  local i = 5 * k - 4
+  local i = 6 * k - 5
   local id, t, ep, payload = ARGV[i], ARGV[i + 1], ARGV[i + 2], ARGV[i + 3]
   local ts = tenants[t]
   if ts.moved ~= '' then
@@ -92,6 +97,11 @@ end
 for _, t in ipairs(order) do
   local ts = tenants[t]
   local added = #ts.lane + #ts.held
+  -- the tier, when the caller said one and it differs from the stored one
+  -- (before activation, which reads it for the tenant's quantum)
+  if ts.moved == '' and ts.tier and ts.tier ~= ts.tr then
+    if ts.tier == '' then redis.call('HDEL', tkey(t), 'tr') else redis.call('HSET', tkey(t), 'tr', ts.tier) end
+  end
   if added > 0 then
     -- depth (and held count) as read at the start plus what this call added:
     -- one write, and nothing else in this call changes them
