@@ -113,7 +113,7 @@ local function lease_next(lease_ms, token, budget, now)
         -- endpoints keep flowing
         redis.call('ZADD', DELAYED, paced, delayed_member(t, id, false))
         redis.call('HINCRBY', tk, 'w', 1)
-        reposition(t, tk, d, f, 0, b, {})
+        reposition(t, tk, d, f, 0, b, {}, tr)
       end
     elseif id and pass ~= true then
       -- the head envelope's endpoint is broken: the tenant steps off the ring
