@@ -1108,3 +1108,206 @@ async fn pace_under_per_tenant_order_parks_the_tenant_and_keeps_its_order() {
     assert_eq!(fine, vec![0, 1, 2]);
     assert_eq!(ord, vec![1, 2], "order kept after the pause");
 }
+
+// ---- delivery rate limits --------------------------------------------------
+
+fn limit(per_second: f64, burst: f64) -> lanekeeper::policy::RateLimit {
+    lanekeeper::policy::RateLimit {
+        per_second,
+        burst,
+        ..Default::default()
+    }
+}
+
+/// Lease `n` times (AGAIN retried), acking each at once; the tenants leased,
+/// and how many answers were EMPTY.
+async fn lease_acking(s: &Store, n: usize) -> (Vec<String>, usize) {
+    let mut got = Vec::new();
+    let mut empty = 0;
+    for _ in 0..n {
+        match lease(s, Q).await {
+            Some(l) => {
+                got.push(l.tenant.clone());
+                s.ack(&l, Duration::from_millis(1)).await.unwrap();
+            }
+            None => empty += 1,
+        }
+    }
+    (got, empty)
+}
+
+#[tokio::test]
+async fn a_tenant_out_of_tokens_steps_aside_and_the_others_get_its_share() {
+    let policy = QueuePolicy {
+        rate_limits: lanekeeper::policy::RateLimits {
+            tenants: [("slow".to_string(), limit(2.0, 2.0))].into(),
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    let s = store(policy).await;
+    let t0 = 1_700_000_000_000u64;
+    s.set_virtual_clock(Q, t0).await.unwrap();
+    fill(&s, Q, "slow", 20).await;
+    fill(&s, Q, "free", 30).await;
+    // At one instant: the slow tenant gets its burst (2), the free one every
+    // other lease; no lease answers EMPTY while the free tenant has work.
+    let (got, empty) = lease_acking(&s, 25).await;
+    assert_eq!(empty, 0, "the shard went idle with work queued: {got:?}");
+    assert_eq!(got.iter().filter(|t| *t == "slow").count(), 2, "{got:?}");
+    assert_eq!(got.iter().filter(|t| *t == "free").count(), 23, "{got:?}");
+    // Half a second later: one more token, so exactly one more lease.
+    s.set_virtual_clock(Q, t0 + 500).await.unwrap();
+    let (got, _) = lease_acking(&s, 10).await;
+    assert_eq!(got.iter().filter(|t| *t == "slow").count(), 1, "{got:?}");
+    // Only the slow tenant left: EMPTY, with the wait until its next token.
+    s.set_virtual_clock(Q, t0 + 600).await.unwrap();
+    let (got, _) = lease_acking(&s, 10).await;
+    assert!(got.iter().all(|t| t == "slow"), "{got:?}");
+    match s.lease(Q, "w1", LEASE).await.unwrap() {
+        LeaseOutcome::Empty { retry_after } => assert!(
+            retry_after <= Duration::from_millis(400),
+            "the next token is due in 400 ms: {retry_after:?}"
+        ),
+        other => panic!("out of tokens, nothing else queued: {other:?}"),
+    }
+    // Its next token is due at +1000: not a lease before, one at it.
+    s.set_virtual_clock(Q, t0 + 999).await.unwrap();
+    s.maintain(Q, 100).await.unwrap();
+    assert!(
+        lease(&s, Q).await.is_none(),
+        "a lease before the token was due"
+    );
+    s.set_virtual_clock(Q, t0 + 1000).await.unwrap();
+    let l = lease(&s, Q).await.expect("the token came due");
+    assert_eq!(l.tenant, "slow");
+}
+
+#[tokio::test]
+async fn an_endpoint_limit_holds_per_endpoint_and_a_changed_limit_applies_at_the_next_lease() {
+    let ep_limit = lanekeeper::policy::RateLimit {
+        endpoint_per_second: 1.0,
+        endpoint_burst: 1.0,
+        ..Default::default()
+    };
+    let mut policy = QueuePolicy {
+        rate_limits: lanekeeper::policy::RateLimits {
+            default: Some(ep_limit),
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    let s = store(policy.clone()).await;
+    let t0 = 1_700_000_000_000u64;
+    s.set_virtual_clock(Q, t0).await.unwrap();
+    // a, b, a, b: one token per endpoint per second
+    for (i, ep) in ["a", "b", "a", "b"].iter().enumerate() {
+        let mut e = env("acme", i as u64);
+        e.endpoint = Some(ep.to_string());
+        s.enqueue(Q, &e).await.unwrap();
+    }
+    let (got, _) = lease_acking(&s, 4).await;
+    assert_eq!(got.len(), 2, "one per endpoint at once: {got:?}");
+    s.set_virtual_clock(Q, t0 + 1000).await.unwrap();
+    s.maintain(Q, 100).await.unwrap();
+    let (got, _) = lease_acking(&s, 4).await;
+    assert_eq!(
+        got.len(),
+        2,
+        "one more per endpoint a second later: {got:?}"
+    );
+    // Raised to unlimited: the next lease sees it.
+    fill(&s, Q, "acme2", 5).await;
+    policy.rate_limits = Default::default();
+    s.configure_queue(Q, &policy).await.unwrap();
+    let (got, empty) = lease_acking(&s, 5).await;
+    assert_eq!((got.len(), empty), (5, 0), "{got:?}");
+}
+
+#[tokio::test]
+async fn a_tiers_limit_applies_and_a_tenants_own_entry_wins() {
+    let policy = QueuePolicy {
+        rate_limits: lanekeeper::policy::RateLimits {
+            default: Some(limit(1.0, 1.0)),
+            tiers: [("gold".to_string(), limit(3.0, 3.0))].into(),
+            tenants: [("vip".to_string(), limit(0.0, 0.0))].into(),
+        },
+        ..Default::default()
+    };
+    let s = store(policy).await;
+    s.set_virtual_clock(Q, 1_700_000_000_000).await.unwrap();
+    // the tier as enqueue records it (the tenant's `tr` field)
+    let mut raw = raw_conn().await;
+    for t in ["goldie", "vip"] {
+        let _: () = redis::cmd("HSET")
+            .arg(lanekeeper::store::keys::tenant(&s.queue_prefix(Q), t))
+            .arg("tr")
+            .arg("gold")
+            .query_async(&mut raw)
+            .await
+            .unwrap();
+    }
+    for t in ["plain", "goldie", "vip"] {
+        fill(&s, Q, t, 10).await;
+    }
+    let (got, _) = lease_acking(&s, 30).await;
+    let count = |t: &str| got.iter().filter(|x| *x == t).count();
+    assert_eq!(
+        (count("plain"), count("goldie"), count("vip")),
+        (1, 3, 10),
+        "default 1, tier gold 3, vip unlimited: {got:?}"
+    );
+}
+
+#[tokio::test]
+async fn rate_limits_survive_hostile_state() {
+    // A bucket field overwritten with garbage, a P:limits entry that does
+    // not parse, and a clock that steps back: the scripts neither fail nor
+    // lease more than the limit allows.
+    let policy = QueuePolicy {
+        rate_limits: lanekeeper::policy::RateLimits {
+            default: Some(limit(1.0, 1.0)),
+            tenants: [("odd".to_string(), limit(1.0, 1.0))].into(),
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    let s = store(policy).await;
+    let t0 = 1_700_000_000_000u64;
+    s.set_virtual_clock(Q, t0).await.unwrap();
+    fill(&s, Q, "acme", 5).await;
+    fill(&s, Q, "odd", 5).await;
+    let p = s.queue_prefix(Q);
+    let mut raw = raw_conn().await;
+    let _: () = redis::cmd("HSET")
+        .arg(lanekeeper::store::keys::tenant(&p, "acme"))
+        .arg("tk")
+        .arg("not-a-number")
+        .arg("tu")
+        .arg("-5")
+        .query_async(&mut raw)
+        .await
+        .unwrap();
+    let _: () = redis::cmd("HSET")
+        .arg(lanekeeper::store::keys::limits(&p))
+        .arg("odd")
+        .arg("garbage")
+        .query_async(&mut raw)
+        .await
+        .unwrap();
+    let (got, _) = lease_acking(&s, 10).await;
+    assert_eq!(
+        got.iter().filter(|t| *t == "acme").count(),
+        1,
+        "a bucket that does not parse counts as full, then refills at the limit: {got:?}"
+    );
+    assert_eq!(
+        got.iter().filter(|t| *t == "odd").count(),
+        5,
+        "an entry that does not parse is no limit: {got:?}"
+    );
+    // the clock steps back a minute: no tokens appear from it
+    s.set_virtual_clock(Q, t0 - 60_000).await.unwrap();
+    let (got, _) = lease_acking(&s, 5).await;
+    assert!(got.iter().all(|t| t != "acme"), "{got:?}");
+}

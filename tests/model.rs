@@ -16,3 +16,15 @@ proptest! {
         rt.block_on(run(&support::redis::shared().url, ops, ordered))?;
     }
 }
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 24, ..ProptestConfig::default() })]
+
+    /// Rate limits: no lease while a tenant or an endpoint is out of tokens,
+    /// nothing lost, order kept under PerTenant.
+    #[test]
+    fn buckets_never_outrun_their_limits(ops in prop::collection::vec(support::buckets::op(), 1..80), ordered in any::<bool>()) {
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        rt.block_on(support::buckets::run(&support::redis::shared().url, ops, ordered))?;
+    }
+}

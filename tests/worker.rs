@@ -757,3 +757,82 @@ async fn a_tier_of_weight_four_gets_four_times_the_worker_seconds() {
         );
     }
 }
+
+/// Arrivals of `tenant` accepted within [from, to) ms.
+fn accepted_between(
+    arrivals: &[support::receiver::Arrival],
+    tenant: &str,
+    from: u64,
+    to: u64,
+) -> usize {
+    arrivals
+        .iter()
+        .filter(|a| a.accepted && a.tenant == tenant && a.at_ms >= from && a.at_ms < to)
+        .count()
+}
+
+#[tokio::test]
+async fn a_tenant_limited_to_50_per_second_gets_50_and_the_other_gets_the_rest_of_the_pool() {
+    let policy = QueuePolicy {
+        rate_limits: lanekeeper::policy::RateLimits {
+            tenants: [(
+                "limited".to_string(),
+                lanekeeper::policy::RateLimit {
+                    per_second: 50.0,
+                    burst: 5.0,
+                    ..Default::default()
+                },
+            )]
+            .into(),
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    let s = setup(policy).await;
+    s.endpoint("limited", "delay-20", 1).await;
+    s.endpoint("free", "delay-20", 1).await;
+    s.send("limited", 0..400).await;
+    s.send("free", 0..6000).await;
+    let pid = s.worker(&["--concurrency", "8"]);
+    s.wait_for_accepted(6400, Duration::from_secs(120)).await;
+    stop(pid);
+    let arrivals = s.receiver.arrivals();
+    let first = arrivals.iter().map(|a| a.at_ms).min().unwrap();
+    let last_limited = arrivals
+        .iter()
+        .filter(|a| a.tenant == "limited")
+        .map(|a| a.at_ms)
+        .max()
+        .unwrap();
+    let last_free = arrivals
+        .iter()
+        .filter(|a| a.tenant == "free")
+        .map(|a| a.at_ms)
+        .max()
+        .unwrap();
+    // While both have work (the limited tenant's 400 take 8 s): 50/s ± 10%,
+    // measured over 5 s after the first second.
+    let (from, to) = (first + 1000, first + 6000);
+    let limited_rate = accepted_between(&arrivals, "limited", from, to) as f64 / 5.0;
+    let together = (accepted_between(&arrivals, "limited", from, to)
+        + accepted_between(&arrivals, "free", from, to)) as f64
+        / 5.0;
+    // The pool's rate with the free tenant alone, after the limited one is done.
+    assert!(
+        last_free > last_limited + 2500,
+        "the free tenant's backlog ran out too early to measure the pool alone"
+    );
+    let alone = accepted_between(&arrivals, "free", last_limited + 500, last_free - 500) as f64
+        / ((last_free - last_limited - 1000) as f64 / 1000.0);
+    eprintln!(
+        "rate limit: limited {limited_rate:.1}/s (limit 50), both {together:.0}/s, the free tenant alone {alone:.0}/s"
+    );
+    assert!(
+        (45.0..=55.0).contains(&limited_rate),
+        "the limited tenant delivered {limited_rate:.1}/s, limit 50/s"
+    );
+    assert!(
+        together >= 0.85 * alone,
+        "the shard did not stay busy: {together:.0}/s with the limited tenant, {alone:.0}/s without"
+    );
+}

@@ -90,14 +90,16 @@ pub async fn measure<F: std::future::Future<Output = ()>>(url: &str, ops: u64, p
 
 /// Lease+ack cycles with CLIENTS concurrent clients.
 pub async fn fair(url: &str, tenants: u64) -> Rate {
+    fair_with(url, tenants, &QueuePolicy::default()).await
+}
+
+/// Lease+ack cycles with CLIENTS concurrent clients under `policy`.
+pub async fn fair_with(url: &str, tenants: u64, policy: &QueuePolicy) -> Rate {
     // A set of its own per run: envelope ids repeat between runs.
     static RUN: AtomicU64 = AtomicU64::new(0);
     let set = format!("fair{tenants}-{}", RUN.fetch_add(1, Ordering::Relaxed));
     let admin = connect(url, &set).await;
-    admin
-        .configure_queue(Q, &QueuePolicy::default())
-        .await
-        .unwrap();
+    admin.configure_queue(Q, policy).await.unwrap();
     // Enough backlog that every tenant stays active for the whole run.
     let per = (2 * CYCLES / tenants).max(2);
     let envs: Vec<Envelope> = (0..per)

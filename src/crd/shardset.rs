@@ -367,6 +367,104 @@ pub struct SchedulerSpec {
     /// `PerTenant`: strict per-tenant order, one in flight per tenant.
     #[serde(default)]
     pub ordering: Ordering,
+
+    /// Delivery rate limits: token buckets per tenant and per tenant
+    /// endpoint, checked when a worker leases, so a tenant out of tokens
+    /// steps aside and its share of the workers goes to the others. A
+    /// tenant's own entry wins over its tier's, which wins over `default`.
+    /// Dedicated lanes apply their tenant's limits. Applied at the next
+    /// lease after a change.
+    #[serde(default, skip_serializing_if = "RateLimitsSpec::is_empty")]
+    pub rate_limits: RateLimitsSpec,
+}
+
+/// Delivery rate limits (see `scheduler.rateLimits`).
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct RateLimitsSpec {
+    /// The limit of every tenant without one of its own or of its tier.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub default: Option<RateLimitSpec>,
+    /// Per-tier limits, for tenants assigned a tier.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[x_kube(merge_strategy = ListMerge::Map(vec!["tier".into()]))]
+    #[schemars(length(max = 64))]
+    pub tiers: Vec<TierRateLimit>,
+    /// Per-tenant limits (an entry with no rate lifts the tier's and the
+    /// default limit for that tenant).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[x_kube(merge_strategy = ListMerge::Map(vec!["tenant".into()]))]
+    #[schemars(length(max = 10000))]
+    pub tenants: Vec<TenantRateLimit>,
+}
+
+impl RateLimitsSpec {
+    fn is_empty(&self) -> bool {
+        self.default.is_none() && self.tiers.is_empty() && self.tenants.is_empty()
+    }
+}
+
+/// One delivery rate limit. An absent (or zero) rate leaves that half unlimited.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct RateLimitSpec {
+    /// Deliveries per second the tenant may start, over all its endpoints.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[x_kube(validation = Rule::new("self >= 0.0 && self <= 1000000.0").message("rateLimits perSecond must be between 0 (unlimited) and 1000000"))]
+    pub per_second: Option<f64>,
+    /// Deliveries the tenant may start at once after a quiet spell
+    /// (default: one second's worth, at least 1).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[x_kube(validation = Rule::new("self >= 1.0 && self <= 1000000.0").message("rateLimits burst must be between 1 and 1000000"))]
+    pub burst: Option<f64>,
+    /// Deliveries per second to each one of the tenant's endpoints.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[x_kube(validation = Rule::new("self >= 0.0 && self <= 1000000.0").message("rateLimits endpointPerSecond must be between 0 (unlimited) and 1000000"))]
+    pub endpoint_per_second: Option<f64>,
+    /// Burst of each endpoint's bucket (default: one second's worth, at least 1).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[x_kube(validation = Rule::new("self >= 1.0 && self <= 1000000.0").message("rateLimits endpointBurst must be between 1 and 1000000"))]
+    pub endpoint_burst: Option<f64>,
+}
+
+impl RateLimitSpec {
+    fn to_policy(&self) -> crate::policy::RateLimit {
+        crate::policy::RateLimit {
+            per_second: self.per_second.unwrap_or(0.0),
+            burst: self.burst.unwrap_or(0.0),
+            endpoint_per_second: self.endpoint_per_second.unwrap_or(0.0),
+            endpoint_burst: self.endpoint_burst.unwrap_or(0.0),
+        }
+    }
+}
+
+/// A tier's delivery rate limit.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct TierRateLimit {
+    /// Tier name.
+    #[schemars(
+        length(max = 63),
+        regex(pattern = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
+    )]
+    pub tier: String,
+    #[serde(flatten)]
+    pub limit: RateLimitSpec,
+}
+
+/// A tenant's own delivery rate limit.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct TenantRateLimit {
+    /// Tenant id.
+    // A pattern, not CEL: a list of 10,000 regex rules would blow the CEL cost budget.
+    #[schemars(
+        length(min = 1, max = 128),
+        regex(pattern = r"^[A-Za-z0-9][A-Za-z0-9._:-]*$")
+    )]
+    pub tenant: String,
+    #[serde(flatten)]
+    pub limit: RateLimitSpec,
 }
 
 fn default_quantum() -> f64 {
@@ -388,6 +486,7 @@ impl Default for SchedulerSpec {
             weights: Vec::new(),
             tier_weights: Vec::new(),
             ordering: Ordering::None,
+            rate_limits: RateLimitsSpec::default(),
         }
     }
 }
@@ -933,6 +1032,21 @@ impl crate::policy::QueuePolicy {
                 max_age: spec.delivery.dead_letters.max_age.into(),
             },
             max_retry_after: spec.delivery.max_retry_after.into(),
+            rate_limits: crate::policy::RateLimits {
+                default: s.rate_limits.default.as_ref().map(RateLimitSpec::to_policy),
+                tiers: s
+                    .rate_limits
+                    .tiers
+                    .iter()
+                    .map(|t| (t.tier.clone(), t.limit.to_policy()))
+                    .collect(),
+                tenants: s
+                    .rate_limits
+                    .tenants
+                    .iter()
+                    .map(|t| (t.tenant.clone(), t.limit.to_policy()))
+                    .collect(),
+            },
             ..Self::default()
         }
     }

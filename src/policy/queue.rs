@@ -46,6 +46,76 @@ pub struct QueuePolicy {
     /// The longest pause a receiver's `Retry-After` may put on its endpoint
     /// (`delivery.maxRetryAfter`).
     pub max_retry_after: Duration,
+    /// Delivery rate limits (token buckets checked at lease time).
+    pub rate_limits: RateLimits,
+}
+
+/// A delivery rate limit: token buckets, one for the tenant and one for
+/// each of its endpoints, refilled continuously. A rate of 0 leaves that
+/// half unlimited.
+#[derive(Clone, Copy, Debug, PartialEq, Default)]
+pub struct RateLimit {
+    /// Deliveries per second the tenant may start (0: unlimited).
+    pub per_second: f64,
+    /// Deliveries the tenant may start at once after a quiet spell.
+    pub burst: f64,
+    /// Deliveries per second to each one of the tenant's endpoints (0: unlimited).
+    pub endpoint_per_second: f64,
+    pub endpoint_burst: f64,
+}
+
+impl RateLimit {
+    /// Whether either half limits anything.
+    pub fn is_limited(&self) -> bool {
+        self.per_second > 0.0 || self.endpoint_per_second > 0.0
+    }
+
+    /// A burst as the scripts use it: at least one token (a bucket smaller
+    /// than one delivery would never let one through), and when unset, one
+    /// second's worth.
+    pub fn effective_burst(rate: f64, burst: f64) -> f64 {
+        if rate <= 0.0 {
+            0.0
+        } else if burst >= 1.0 {
+            burst
+        } else {
+            rate.ceil().max(1.0)
+        }
+    }
+
+    /// The form the scripts parse: `rate,burst,erate,eburst` (bursts resolved).
+    pub fn encode(&self, sep: char) -> String {
+        let b = Self::effective_burst(self.per_second, self.burst);
+        let eb = Self::effective_burst(self.endpoint_per_second, self.endpoint_burst);
+        format!(
+            "{}{sep}{}{sep}{}{sep}{}",
+            self.per_second.max(0.0),
+            b,
+            self.endpoint_per_second.max(0.0),
+            eb
+        )
+    }
+}
+
+/// Which limit a tenant gets: its own entry, else its tier's, else the default.
+#[derive(Clone, Debug, PartialEq, Default)]
+pub struct RateLimits {
+    pub default: Option<RateLimit>,
+    pub tiers: BTreeMap<String, RateLimit>,
+    pub tenants: BTreeMap<String, RateLimit>,
+}
+
+impl RateLimits {
+    /// The limit that applies to `tenant` in `tier` (pure: the scripts make
+    /// the same choice from the queue's policy and `P:limits`).
+    pub fn resolve(&self, tenant: &str, tier: Option<&str>) -> Option<RateLimit> {
+        self.tenants
+            .get(tenant)
+            .or_else(|| tier.and_then(|t| self.tiers.get(t)))
+            .or(self.default.as_ref())
+            .copied()
+            .filter(RateLimit::is_limited)
+    }
 }
 
 /// How many dead letters a tenant keeps in a queue, and for how long.
@@ -102,6 +172,7 @@ impl Default for QueuePolicy {
             breaker: BreakerPolicy::default(),
             dead_letters: DeadLetterPolicy::default(),
             max_retry_after: Duration::from_secs(600),
+            rate_limits: RateLimits::default(),
         }
     }
 }
@@ -129,5 +200,49 @@ mod tests {
             ..Default::default()
         };
         assert_eq!(p.effective_cap(), 1);
+    }
+
+    fn limit(rate: f64) -> RateLimit {
+        RateLimit {
+            per_second: rate,
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn a_tenants_limit_wins_over_its_tiers_and_the_default() {
+        let l = RateLimits {
+            default: Some(limit(1.0)),
+            tiers: [("gold".to_string(), limit(10.0))].into(),
+            tenants: [("vip".to_string(), limit(100.0))].into(),
+        };
+        assert_eq!(l.resolve("vip", Some("gold")), Some(limit(100.0)));
+        assert_eq!(l.resolve("a", Some("gold")), Some(limit(10.0)));
+        assert_eq!(l.resolve("a", Some("silver")), Some(limit(1.0)));
+        assert_eq!(l.resolve("a", None), Some(limit(1.0)));
+        assert_eq!(RateLimits::default().resolve("a", None), None);
+        // an entry of zeros means unlimited, not "fall back"
+        let open = RateLimits {
+            default: Some(limit(1.0)),
+            tenants: [("vip".to_string(), limit(0.0))].into(),
+            ..Default::default()
+        };
+        assert_eq!(open.resolve("vip", None), None);
+    }
+
+    #[test]
+    fn bursts_are_at_least_one_token() {
+        assert_eq!(RateLimit::effective_burst(0.5, 0.0), 1.0);
+        assert_eq!(RateLimit::effective_burst(50.0, 0.0), 50.0);
+        assert_eq!(RateLimit::effective_burst(2.5, 0.0), 3.0);
+        assert_eq!(RateLimit::effective_burst(50.0, 5.0), 5.0);
+        assert_eq!(RateLimit::effective_burst(0.0, 5.0), 0.0);
+        let l = RateLimit {
+            per_second: 50.0,
+            burst: 0.0,
+            endpoint_per_second: 2.0,
+            endpoint_burst: 4.0,
+        };
+        assert_eq!(l.encode(','), "50,50,2,4");
     }
 }

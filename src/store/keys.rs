@@ -83,6 +83,18 @@ pub fn weights(prefix: &str) -> String {
     format!("{prefix}:weights")
 }
 
+/// The tenants' own rate limits (`P:limits`, a hash: tenant ->
+/// "rate burst erate eburst").
+pub fn limits(prefix: &str) -> String {
+    format!("{prefix}:limits")
+}
+
+/// A tenant endpoint's delivery token bucket (`P:rl:<len>:<tenant>:<endpoint>`,
+/// a string "micro-tokens:ms").
+pub fn endpoint_bucket(prefix: &str, tenant: &str, endpoint: &str) -> String {
+    format!("{prefix}:rl:{}:{tenant}:{endpoint}", tenant.len())
+}
+
 /// Every tenant that has had work in the queue (`P:tenants`, a set).
 pub fn tenants(prefix: &str) -> String {
     format!("{prefix}:tenants")

@@ -117,6 +117,7 @@ impl Store {
                     .iter()
                     .map(|(tier, w)| format!("tw.{tier}={w}")),
             )
+            .chain(rate_limit_entries(&policy.rate_limits))
             .collect::<Vec<_>>()
             .join(" ");
         let mut pipe = redis::pipe();
@@ -126,14 +127,27 @@ impl Store {
             .hset(keys::conf(&p), "policy", packed)
             .ignore()
             .del(keys::weights(&p))
+            .ignore()
+            .del(keys::limits(&p))
             .ignore();
-        if !policy.weights.is_empty() {
-            let weights: Vec<(String, String)> = policy
-                .weights
-                .iter()
-                .map(|(t, w)| (t.clone(), w.to_string()))
-                .collect();
-            pipe.hset_multiple(keys::weights(&p), &weights).ignore();
+        // bounded by the CRD (10,000 entries each); written in chunks so no
+        // one command carries them all
+        let weights: Vec<(String, String)> = policy
+            .weights
+            .iter()
+            .map(|(t, w)| (t.clone(), w.to_string()))
+            .collect();
+        for chunk in weights.chunks(1000) {
+            pipe.hset_multiple(keys::weights(&p), chunk).ignore();
+        }
+        let limits: Vec<(String, String)> = policy
+            .rate_limits
+            .tenants
+            .iter()
+            .map(|(t, l)| (t.clone(), l.encode(' ')))
+            .collect();
+        for chunk in limits.chunks(1000) {
+            pipe.hset_multiple(keys::limits(&p), chunk).ignore();
         }
         let mut conn = self.conn.clone();
         pipe.query_async::<()>(&mut conn).await?;
@@ -468,4 +482,22 @@ fn encode(env: &Envelope) -> Result<Vec<u8>> {
         script: "enqueue",
         detail: format!("cannot encode envelope {}: {e}", env.id),
     })
+}
+
+/// The rate-limit entries of a queue's packed policy (see common.lua's
+/// `parse_policy`): the default as `rl=rate,burst,erate,eburst`, each tier's
+/// as `rl.<tier>=...`, and `rln=1` when some tenant has an entry of its own
+/// in `P:limits`, so a queue without any pays no lookup per lease.
+fn rate_limit_entries(l: &crate::policy::RateLimits) -> Vec<String> {
+    let mut out = Vec::new();
+    if let Some(d) = l.default.filter(|d| d.is_limited()) {
+        out.push(format!("rl={}", d.encode(',')));
+    }
+    for (tier, t) in &l.tiers {
+        out.push(format!("rl.{tier}={}", t.encode(',')));
+    }
+    if !l.tenants.is_empty() {
+        out.push("rln=1".to_string());
+    }
+    out
 }

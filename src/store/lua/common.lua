@@ -5,10 +5,14 @@
 --   P:conf            HASH  policy: "key=value" pairs (quantum, cap, ordered, weight, est0,
 --                           maxatt, idttl; bratio, bmin, bwin ms, bopen ms: the circuit breaker),
 --                           also written one field each for library versions before this one;
+--                           rl, rl.<tier>, rln: delivery rate limits (see parse_policy);
 --                           clock (virtual ms, simulator only); minroute (oldest routing-table
 --                           version a producer may enqueue with: a reshard's fence, see
 --                           enqueue.lua); mnext (next time a lease does maintenance)
 --   P:weights         HASH  tenant -> weight
+--   P:limits          HASH  tenant -> "<rate> <burst> <erate> <eburst>": a tenant's own delivery
+--                           rate limit (per second; a rate of 0 is unlimited), read only when the
+--                           policy says rln=1
 --   P:ring            LIST  active tenants in DRR order (the head is served); a tenant that
 --                           just became active goes to the head for one turn (see activate_fresh)
 --   P:t:<tenant>      HASH  d deficit, f in flight, r on the ring, k parked at cap,
@@ -21,7 +25,8 @@
 --                           pz the latest paced-until ms of any of its endpoints (0/absent: none,
 --                           see P:pace:<tenant>),
 --                           tr tier name (absent: none; written by enqueue from what ingest resolved
---                           in the set's lk:{ns/set}:tiers:api and lk:{ns/set}:tiers hashes).
+--                           in the set's lk:{ns/set}:tiers:api and lk:{ns/set}:tiers hashes),
+--                           tk/tu its delivery token bucket (micro-tokens as of ms tu; absent: full).
 --                           d, e and b are worker-time in whole microseconds, as are a lease's
 --                           charge and the worker-second buckets: integers are far cheaper for
 --                           Redis and Lua to format and parse than 17-digit fractions
@@ -67,6 +72,11 @@
 --                           while now < the tenant's pz; an entry found expired is deleted,
 --                           the whole hash once now >= pz (it also expires in Redis just after
 --                           pz, except under the simulator's virtual clock)
+--   P:rl:<len>:<tenant>:<endpoint>
+--                     STRING "<micro-tokens>:<ms>": the endpoint's delivery token bucket
+--                           (absent: full; expires once it would be full again)
+--   P:blocked         ZSET  tenant -> ms: tenants off the ring until then: their head envelope's
+--                           breaker is open, or they (or that envelope's endpoint) are out of tokens
 --   P:wake            CHANNEL published when a tenant becomes active (wakes idle workers);
 --                           on Redis Cluster the library is loaded with SPUBLISH here
 --                           (sharded pub/sub, see `store::library::build_library`)
@@ -94,6 +104,9 @@ local QUANTUM, ORDERED, CAP, DEFAULT_WEIGHT, EST0, MAX_ATTEMPTS, ID_TTL, MAINT_N
 local BR_RATIO, BR_MIN, BR_WINDOW, BR_OPEN, DL_MAX, DL_AGE_MS
 -- The longest pause (ms) a receiver's Retry-After may put on its endpoint.
 local PACE_MAX
+-- Delivery rate limits: the default (false: none), per tier, whether
+-- P:limits has entries, and whether any of them is set at all.
+local RL_DEFAULT, RL_TIERS, RL_TENANTS, RL_ANY
 -- A virtual clock (ms), set only by the capacity simulator (`lanekeeper
 -- simulate`, through Store::set_virtual_clock); nil means Redis TIME.
 local CLOCK
@@ -134,14 +147,30 @@ local QUEUE_KEYS = {}
 -- reading one field and looking it up costs a call a fraction of reading
 -- eleven fields and converting each to a number.
 local POLICIES, POLICY_COUNT = {}, 0
+
+-- A delivery rate limit, "rate,burst,erate,eburst" in the policy or
+-- "rate burst erate eburst" in P:limits (per second and tokens), in the
+-- scripts' units: micro-tokens per ms and micro-tokens. false when neither
+-- half limits anything (a rate of 0 is unlimited).
+local function parse_limit(raw)
+  local r, b, er, eb = string.match(raw, '^(%S-)[, ](%S-)[, ](%S-)[, ](%S+)$')
+  r, b, er, eb = tonumber(r) or 0, tonumber(b) or 0, tonumber(er) or 0, tonumber(eb) or 0
+  if not (r > 0) and not (er > 0) then return false end
+  return { rate = math.max(r, 0) * 1000, cap = math.max(b, 1) * 1e6, erate = math.max(er, 0) * 1000,
+    ecap = math.max(eb, 1) * 1e6 }
+end
+
 local function parse_policy(raw)
   local v = {}
   -- tier weights: 'tw.<tier>=<weight>' (tier names carry '.', '_' and '-')
-  local tw = {}
+  -- and rate limits per tier, 'rl.<tier>=...'
+  local tw, rlt = {}, {}
   for k, x in string.gmatch(raw, '([%w%._%-]+)=(%S+)') do
     v[k] = x
     local tier = string.match(k, '^tw%.(.+)$')
     if tier then tw[tier] = tonumber(x) end
+    tier = string.match(k, '^rl%.(.+)$')
+    if tier then rlt[tier] = parse_limit(x) end
   end
   local field = function(k, default) return tonumber(v[k]) or default end
   local ordered = v.ordered == '1'
@@ -156,6 +185,8 @@ local function parse_policy(raw)
     -- the longest receiver-asked pause, ms (delivery.maxRetryAfter; default 10 minutes)
     pmax = math.max(math.floor(field('pmax', 600000)), 1),
     tw = tw,
+    rl = v.rl and parse_limit(v.rl) or false, rlt = rlt, rln = v.rln == '1',
+    rlany = (v.rl ~= nil) or (next(rlt) ~= nil) or v.rln == '1',
   }
 end
 
@@ -183,6 +214,7 @@ local function begin(keys)
   BR_RATIO, BR_MIN, BR_WINDOW, BR_OPEN = pol.bratio, pol.bmin, pol.bwin, pol.bopen
   DL_MAX, DL_AGE_MS = pol.dlmax, pol.dlage
   PACE_MAX = pol.pmax
+  RL_DEFAULT, RL_TIERS, RL_TENANTS, RL_ANY = pol.rl, pol.rlt, pol.rln, pol.rlany
   MAINT_NEXT = num(conf[2], 0)
   CLOCK = conf[3] and tonumber(conf[3])
   MIN_ROUTE_RAW = conf[4]
@@ -313,6 +345,65 @@ local function quantum(t, tr)
   return math.max(math.floor(QUANTUM * weight(t, tr) + 0.5), MIN_QUANTUM)
 end
 
+-- ---- delivery rate limits: token buckets checked at lease ---------------
+-- A tenant's limit is its own entry in P:limits (only looked up when the
+-- policy says some tenant has one), else its tier's, else the queue's
+-- default; false when it has none. Parsed entries are kept like policies.
+local LIMITS, LIMIT_COUNT = {}, 0
+local function limit_of(t, tr)
+  if RL_TENANTS then
+    local raw = redis.call('HGET', P .. ':limits', t)
+    if raw then
+      local l = LIMITS[raw]
+      if l == nil then
+        if LIMIT_COUNT >= 1024 then LIMITS, LIMIT_COUNT = {}, 0 end
+        l = parse_limit(raw)
+        LIMITS[raw], LIMIT_COUNT = l, LIMIT_COUNT + 1
+      end
+      return l
+    end
+  end
+  if tr and RL_TIERS[tr] ~= nil then return RL_TIERS[tr] end
+  return RL_DEFAULT
+end
+
+-- The micro-tokens in a bucket of `cap` refilled at `rate` per ms that
+-- held `tokens` at `at` (absent: full). A clock that steps back adds nothing.
+local ONE_TOKEN = 1000000
+local function bucket_level(tokens, at, rate, cap, now)
+  if not tokens then return cap end
+  local x = math.floor(tokens + math.max(now - at, 0) * rate)
+  if x > cap then return cap end
+  return x
+end
+
+-- When a bucket at `level` next holds a whole token (ms, at least now + 1).
+local function token_due(level, rate, now)
+  return now + math.max(math.ceil((ONE_TOKEN - level) / rate), 1)
+end
+
+-- The endpoint bucket of (t, ep): may a delivery start now? Returns true
+-- and the key and level to spend from (see spend_endpoint), or the time
+-- its next token is due.
+local function endpoint_gate(t, ep, lim, now)
+  local k = P .. ':rl:' .. #t .. ':' .. t .. ':' .. ep
+  local raw = redis.call('GET', k)
+  local tokens, at
+  if raw then
+    local a, b = string.match(raw, '^(%d+):(%d+)$')
+    tokens, at = tonumber(a), tonumber(b)
+  end
+  local level = bucket_level(tokens, at or now, lim.erate, lim.ecap, now)
+  if level < ONE_TOKEN then return token_due(level, lim.erate, now) end
+  return true, k, level
+end
+
+-- Spend one token of an endpoint bucket; the key goes once it would be full again.
+local function spend_endpoint(k, level, lim, now)
+  local left = level - ONE_TOKEN
+  redis.call('SET', k, left .. ':' .. now, 'PX', math.ceil((lim.ecap - left) / lim.erate) + 1000)
+end
+
 -- Put a tenant on the ring, at the head (a fresh turn) or the tail. Every
 -- activation publishes: each wake-up rouses one idle worker task (workers
 -- call notify_one per message), so one per tenant made active brings as
@@ -429,11 +520,14 @@ local function breaker_record(t, ep, failed, bw, now)
   return ''
 end
 
--- Tenants whose block has run out go back on the ring.
+-- Tenants whose block has run out go back on the ring. Returns when the
+-- next one is due (ms; nil when none is blocked).
 local function unblock_due(now, limit)
   for _, t in ipairs(redis.call('ZRANGEBYSCORE', BLOCKED, '-inf', now, 'LIMIT', 0, limit)) do
     unblock(t)
   end
+  local first = redis.call('ZRANGE', BLOCKED, 0, 0, 'WITHSCORES')
+  return first[2] and tonumber(first[2])
 end
 
 -- ---- receiver pacing, per tenant and endpoint -------------------------

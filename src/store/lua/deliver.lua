@@ -1,4 +1,5 @@
 -- Helpers (common.lua): istr, num, lease_member, end_lease, tkey, lane, ekey, adopt, quantum,
+--   limit_of, bucket_level, token_due, endpoint_gate, spend_endpoint,
 --   breaker_gate, breaker_record, unblock_due, paced_until, pace_clear, settle, dead_letter,
 --   delayed_member, promote_due, reap
 -- Lease and ack, shared by the lease, ack and ack_lease scripts.
@@ -34,11 +35,32 @@ local function reposition(t, tk, d, f, charged, budget, set, tr)
   if #set > 0 then redis.call('HSET', tk, unpack(set)) end
 end
 
--- Due retries, expired leases and lifted breaker blocks (see lease_next).
+-- Due retries, expired leases and lifted blocks (see lease_next). The next
+-- maintenance is due in 100 ms, or sooner when a blocked tenant's time
+-- comes first: a tenant out of tokens waits for its next token, not for
+-- the next 100 ms.
 local function maintain_queue(now)
   promote_due(now, 32)
   reap(now, 32)
-  unblock_due(now, 32)
+  local due = unblock_due(now, 32) or (now + 100)
+  MAINT_NEXT = math.min(now + 100, math.max(due, now + 1))
+  redis.call('HSET', P .. ':conf', 'mnext', MAINT_NEXT)
+end
+
+-- Take tenant `t` off the ring until `due` (ms): its head envelope's
+-- breaker is open, or it or that endpoint is out of tokens. Its share goes
+-- to the others; maintenance puts it back (see unblock_due). `extra` holds
+-- tenant fields to write with the step's own.
+local function park(t, tk, due, now, extra)
+  redis.call('LPOP', RING)
+  local set = { 'r', 0, 'bl', 1, 'b', 0 }
+  for i = 1, #extra do set[#set + 1] = extra[i] end
+  redis.call('HSET', tk, unpack(set))
+  redis.call('ZADD', BLOCKED, due, t)
+  if due < MAINT_NEXT then
+    MAINT_NEXT = due
+    redis.call('HSET', P .. ':conf', 'mnext', due)
+  end
 end
 
 -- Lease the next envelope by deficit round robin.
@@ -51,7 +73,6 @@ end
 local function lease_next(lease_ms, token, budget, now)
   local maintained = false
   if now >= MAINT_NEXT then
-    redis.call('HSET', P .. ':conf', 'mnext', now + 100)
     maintain_queue(now)
     maintained = true
   end
@@ -74,7 +95,7 @@ local function lease_next(lease_ms, token, budget, now)
       return { 'EMPTY', math.max(wait, 1) }
     end
     local tk = tkey(t)
-    local st = redis.call('HMGET', tk, 'd', 'f', 'e', 'bw', 'b', 'pz', 'tr')
+    local st = redis.call('HMGET', tk, 'd', 'f', 'e', 'bw', 'b', 'pz', 'tr', 'tk', 'tu')
     local tr = st[7] or nil
     local d, f, e, b = num(st[1], 0), num(st[2], 0), num(st[3], EST0), num(st[5], 0)
     -- pz: the latest pause of any of the tenant's endpoints (0: none)
@@ -83,30 +104,46 @@ local function lease_next(lease_ms, token, budget, now)
       pace_clear(t)
       pz = 0
     end
-    local id = d > 0 and f < CAP and redis.call('LPOP', lane(t))
+    local ready = d > 0 and f < CAP
+    -- the tenant's token bucket, checked with its credit and cap: out of
+    -- tokens, it steps off the ring until the next one is due
+    local lim = ready and RL_ANY and limit_of(t, tr)
+    local level, throttled = nil, false
+    if lim and lim.rate > 0 then
+      level = bucket_level(tonumber(st[8]), num(st[9], now), lim.rate, lim.cap, now)
+      if level < ONE_TOKEN then
+        throttled = true
+        park(t, tk, token_due(level, lim.rate, now), now, { 'tk', level, 'tu', now })
+      end
+    end
+    local id = ready and not throttled and redis.call('LPOP', lane(t))
     local env, pass, change, paced = nil, true, '', nil
+    local ekk, elevel
     if id then
       local ek = ekey(t, id)
       env = redis.call('HMGET', ek, 'p', 'a', 's', 'n')
       if not env[1] and select(2, adopt(t, id)) then env = redis.call('HMGET', ek, 'p', 'a', 's', 'n') end
-      -- the endpoint matters only to a tenant with breakers in use or a pause in force
+      -- the endpoint matters only to a tenant with breakers in use, a pause
+      -- in force or an endpoint limit
       local bw = num(st[4], 0)
-      if env[1] and (bw > 0 or pz > 0) then
-        local ep = redis.call('HGET', ek, 'ep')
-        if ep and ep ~= '' then
+      local limited = lim and lim.erate > 0
+      if env[1] and (bw > 0 or pz > 0 or limited) then
+        local ep = redis.call('HGET', ek, 'ep') or ''
+        if ep ~= '' then
           if pz > 0 then paced = paced_until(t, ep, now) end
           if not paced and bw > 0 then pass, change = breaker_gate(t, ep, now) end
         end
+        if not paced and pass == true and limited then pass, ekk, elevel = endpoint_gate(t, ep, lim, now) end
       end
     end
-    if id and paced then
+    if throttled then
+      -- parked above
+    elseif id and paced then
       if ORDERED then
         -- order forbids passing it: the tenant steps off the ring until the
         -- pause is over (unblock_due lifts it), like a breaker block
         redis.call('LPUSH', lane(t), id)
-        redis.call('LPOP', RING)
-        redis.call('HSET', tk, 'r', 0, 'bl', 1, 'b', 0)
-        redis.call('ZADD', BLOCKED, paced, t)
+        park(t, tk, paced, now, {})
       else
         -- this envelope waits out its endpoint's pause in the delayed set (a
         -- retry without an attempt, no slot kept); the tenant's other
@@ -116,12 +153,11 @@ local function lease_next(lease_ms, token, budget, now)
         reposition(t, tk, d, f, 0, b, {}, tr)
       end
     elseif id and pass ~= true then
-      -- the head envelope's endpoint is broken: the tenant steps off the ring
-      -- until the breaker lets a probe through, and its share goes to the others
+      -- the head envelope's endpoint is broken or out of tokens: the tenant
+      -- steps off the ring until a probe or a token may go, and its share
+      -- goes to the others
       redis.call('LPUSH', lane(t), id)
-      redis.call('LPOP', RING)
-      redis.call('HSET', tk, 'r', 0, 'bl', 1, 'b', 0)
-      redis.call('ZADD', BLOCKED, pass, t)
+      park(t, tk, pass, now, {})
     elseif id then
       if not env[1] then
         -- an id without its record cannot be delivered; say so instead of dropping it silently
@@ -135,7 +171,10 @@ local function lease_next(lease_ms, token, budget, now)
         redis.call('ZADD', LEASES, deadline, member)
         d = d - e
         f = f + 1
-        reposition(t, tk, d, f, e, b, { 'd', d, 'f', istr(f) }, tr)
+        local set = { 'd', d, 'f', istr(f) }
+        if level then set[5] = 'tk'; set[6] = level - ONE_TOKEN; set[7] = 'tu'; set[8] = now end
+        if ekk then spend_endpoint(ekk, elevel, lim, now) end
+        reposition(t, tk, d, f, e, b, set, tr)
         return { 'LEASED', id, t, env[1], env[2], env[3], member, deadline, env[4], change }
       end
     else

@@ -1,8 +1,10 @@
 //! Shared test bodies: tests that take a Redis URL, run by the single-server
 //! test binaries and again by `tests/cluster.rs` on a Redis Cluster: the
 //! data-plane fairness and relocation bodies (`dataplane`), store integrity
-//! (`integrity`) and the model property test (`model`).
+//! (`integrity`), the model property test (`model`) and its rate-limit
+//! counterpart (`buckets`).
 
+pub mod buckets;
 pub mod dataplane;
 pub mod integrity;
 pub mod model;
