@@ -71,8 +71,7 @@ fn duration_histogram() -> Histogram {
 #[derive(Clone)]
 pub struct WorkerMetrics {
     registry: Arc<Registry>,
-    tenants: Arc<Mutex<HashSet<String>>>,
-    tenant_label_cap: usize,
+    tenants: TenantLabeler,
     pub queue_wait: HistogramFamily<TenantLabels>,
     pub delivery_duration: HistogramFamily<OutcomeLabels>,
     pub deliveries: Family<OutcomeLabels, Counter>,
@@ -127,8 +126,7 @@ impl WorkerMetrics {
         );
         Self {
             registry: Arc::new(registry),
-            tenants: Arc::default(),
-            tenant_label_cap,
+            tenants: TenantLabeler::new(tenant_label_cap),
             queue_wait,
             delivery_duration,
             deliveries,
@@ -140,11 +138,34 @@ impl WorkerMetrics {
 
     /// The label for `tenant`: itself while under the cap, else `other`.
     pub fn tenant_label(&self, tenant: &str) -> String {
-        let mut seen = self.tenants.lock().unwrap_or_else(|e| e.into_inner());
+        self.tenants.label(tenant)
+    }
+}
+
+/// Per-tenant label values, capped: the first `cap` tenants seen get their
+/// own label, the rest are `other`, so no tenant can grow a series set
+/// without bound.
+#[derive(Clone, Default)]
+pub struct TenantLabeler {
+    seen: Arc<Mutex<HashSet<String>>>,
+    cap: usize,
+}
+
+impl TenantLabeler {
+    pub fn new(cap: usize) -> Self {
+        Self {
+            seen: Arc::default(),
+            cap,
+        }
+    }
+
+    /// The label for `tenant`: itself while under the cap, else `other`.
+    pub fn label(&self, tenant: &str) -> String {
+        let mut seen = self.seen.lock().unwrap_or_else(|e| e.into_inner());
         if seen.contains(tenant) {
             return tenant.to_string();
         }
-        if seen.len() < self.tenant_label_cap {
+        if seen.len() < self.cap {
             seen.insert(tenant.to_string());
             return tenant.to_string();
         }
@@ -169,6 +190,14 @@ pub struct EnvelopeLabels {
     pub outcome: String,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct IngestTenantLabels {
+    pub tenant: String,
+}
+
+/// Tenants the ingest's per-tenant series name before the rest are `other`.
+pub const INGEST_TENANT_LABEL_CAP: usize = 100;
+
 /// The ingest API's metrics.
 #[derive(Clone)]
 pub struct IngestMetrics {
@@ -176,6 +205,16 @@ pub struct IngestMetrics {
     pub requests: Family<RequestLabels, Counter>,
     pub request_duration: HistogramFamily<RouteLabels>,
     pub envelopes: Family<EnvelopeLabels, Counter>,
+    /// Envelopes refused because their tenant is shaped at ingest.
+    pub shaped: Family<IngestTenantLabels, Counter>,
+    tenants: TenantLabeler,
+}
+
+impl IngestMetrics {
+    /// The label for `tenant` (capped at [`INGEST_TENANT_LABEL_CAP`]).
+    pub fn tenant_label(&self, tenant: &str) -> String {
+        self.tenants.label(tenant)
+    }
 }
 
 impl Default for IngestMetrics {
@@ -185,6 +224,7 @@ impl Default for IngestMetrics {
         let request_duration: HistogramFamily<RouteLabels> =
             Family::new_with_constructor(duration_histogram);
         let envelopes = Family::<EnvelopeLabels, Counter>::default();
+        let shaped = Family::<IngestTenantLabels, Counter>::default();
         registry.register(
             "lanekeeper_ingest_requests",
             "Ingest API requests by route and status code",
@@ -197,14 +237,21 @@ impl Default for IngestMetrics {
         );
         registry.register(
             "lanekeeper_ingest_envelopes",
-            "Envelopes posted to ingest by outcome (queued, held, duplicate, backlog_full, invalid)",
+            "Envelopes posted to ingest by outcome (queued, held, duplicate, backlog_full, shaped, invalid)",
             envelopes.clone(),
+        );
+        registry.register(
+            "lanekeeper_ingest_shaped",
+            "Envelopes refused with 429 because their tenant is shaped at ingest (promotion.atCap: ShapeAtIngest), per tenant (capped; the rest are tenant=\"other\")",
+            shaped.clone(),
         );
         Self {
             registry: Arc::new(registry),
             requests,
             request_duration,
             envelopes,
+            shaped,
+            tenants: TenantLabeler::new(INGEST_TENANT_LABEL_CAP),
         }
     }
 }

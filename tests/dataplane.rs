@@ -1311,3 +1311,134 @@ async fn rate_limits_survive_hostile_state() {
     let (got, _) = lease_acking(&s, 5).await;
     assert!(got.iter().all(|t| t != "acme"), "{got:?}");
 }
+
+/// Enqueue `n` envelopes of `tenant` numbered from `from` in one call.
+async fn enqueue_n(s: &Store, tenant: &str, from: u64, n: u64) -> Vec<EnqueueOutcome> {
+    let envs: Vec<Envelope> = (from..from + n).map(|i| env(tenant, i)).collect();
+    s.enqueue_batch(Q, &envs)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|r| r.unwrap())
+        .collect()
+}
+
+fn shaped_ms(o: &EnqueueOutcome) -> Option<u128> {
+    match o {
+        EnqueueOutcome::Shaped { retry_after } => Some(retry_after.as_millis()),
+        _ => None,
+    }
+}
+
+#[tokio::test]
+async fn a_shaped_tenant_is_admitted_at_its_rate_and_refused_whole_beyond_it() {
+    let s = store(QueuePolicy::default()).await;
+    let t0 = 1_700_000_000_000u64;
+    s.set_virtual_clock(Q, t0).await.unwrap();
+    s.set_shaping(Q, "whale", Some((10.0, 10.0))).await.unwrap();
+    // A full bucket: its burst goes in.
+    let first = enqueue_n(&s, "whale", 0, 10).await;
+    assert!(
+        first
+            .iter()
+            .all(|o| matches!(o, EnqueueOutcome::Queued { .. })),
+        "{first:?}"
+    );
+    // Empty: the next call is refused whole, nothing stored, no id claimed.
+    let refused = enqueue_n(&s, "whale", 10, 3).await;
+    assert!(
+        refused.iter().all(|o| shaped_ms(o) == Some(300)),
+        "three tokens at 10/s: {refused:?}"
+    );
+    // Another tenant on the same queue is not shaped.
+    let other = enqueue_n(&s, "small", 0, 50).await;
+    assert!(other
+        .iter()
+        .all(|o| matches!(o, EnqueueOutcome::Queued { .. })));
+    // 300 ms later the same ids go in (they were never claimed).
+    s.set_virtual_clock(Q, t0 + 300).await.unwrap();
+    let again = enqueue_n(&s, "whale", 10, 3).await;
+    assert!(
+        again
+            .iter()
+            .all(|o| matches!(o, EnqueueOutcome::Queued { .. })),
+        "{again:?}"
+    );
+    // A call larger than the burst is taken from a full bucket and leaves
+    // it in debt: 40 in at once, then nothing for 3.1 s (31 tokens owed + 1).
+    s.set_virtual_clock(Q, t0 + 1300).await.unwrap();
+    let big = enqueue_n(&s, "whale", 100, 40).await;
+    assert!(big
+        .iter()
+        .all(|o| matches!(o, EnqueueOutcome::Queued { .. })));
+    let after = enqueue_n(&s, "whale", 200, 1).await;
+    assert_eq!(shaped_ms(&after[0]), Some(3100), "{after:?}");
+    let st = s.shaping(Q, "whale").await.unwrap();
+    assert_eq!((st.per_second, st.refused), (Some(10.0), 4));
+    assert_eq!(st.last_refused_ms, Some(t0 as i64 + 1300));
+    // Over a long run the rate holds: 60 s of one call every 10 ms admits
+    // 10/s (plus the burst).
+    s.set_virtual_clock(Q, t0 + 10_000).await.unwrap();
+    let mut admitted = 0;
+    for k in 0..6000u64 {
+        s.set_virtual_clock(Q, t0 + 10_000 + k * 10).await.unwrap();
+        let o = enqueue_n(&s, "whale", 1000 + k, 1).await;
+        if matches!(o[0], EnqueueOutcome::Queued { .. }) {
+            admitted += 1;
+        }
+    }
+    assert!(
+        (600..=611).contains(&admitted),
+        "{admitted} in 60 s at 10/s, burst 10"
+    );
+    // Lifted: admitted at once, and the state is gone.
+    s.set_shaping(Q, "whale", None).await.unwrap();
+    let free = enqueue_n(&s, "whale", 9000, 100).await;
+    assert!(free
+        .iter()
+        .all(|o| matches!(o, EnqueueOutcome::Queued { .. })));
+    assert_eq!(s.shaping(Q, "whale").await.unwrap(), Default::default());
+}
+
+#[tokio::test]
+async fn shaping_survives_hostile_state() {
+    // Garbage in every shaping field: the script neither fails nor stores
+    // past what a sane reading allows.
+    let s = store(QueuePolicy::default()).await;
+    s.set_virtual_clock(Q, 1_700_000_000_000).await.unwrap();
+    let mut raw = raw_conn().await;
+    let key = lanekeeper::store::keys::tenant(&s.queue_prefix(Q), "odd");
+    let _: () = redis::cmd("HSET")
+        .arg(&key)
+        .arg(&[
+            "sr", "nan", "sb", "x", "sl", "-inf", "su", "later", "sd", "many",
+        ])
+        .query_async(&mut raw)
+        .await
+        .unwrap();
+    // sr that does not parse: not shaped.
+    let o = enqueue_n(&s, "odd", 0, 5).await;
+    assert!(
+        o.iter().all(|o| matches!(o, EnqueueOutcome::Queued { .. })),
+        "{o:?}"
+    );
+    // a rate, a burst that does not parse (1), a level of -inf and a time
+    // in the future: refused with a finite wait, no error.
+    let _: () = redis::cmd("HSET")
+        .arg(&key)
+        .arg(&["sr", "2", "su", "99999999999999"])
+        .query_async(&mut raw)
+        .await
+        .unwrap();
+    let o = enqueue_n(&s, "odd", 10, 1).await;
+    assert!(
+        matches!(
+            o[0],
+            EnqueueOutcome::Shaped { .. } | EnqueueOutcome::Queued { .. }
+        ),
+        "{o:?}"
+    );
+    if let Some(ms) = shaped_ms(&o[0]) {
+        assert!(ms <= 3_600_000, "{ms}");
+    }
+}

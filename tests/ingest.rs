@@ -1330,3 +1330,85 @@ async fn a_100mb_tier_body_is_refused_413() {
         Default::default()
     );
 }
+
+#[tokio::test]
+async fn a_shaped_tenant_gets_429_with_retry_after_and_a_reason_and_others_do_not() {
+    let a = api(Config::default()).await;
+    a.endpoint("acme", "default", &[]).await;
+    a.endpoint("globex", "default", &[]).await;
+    let q = a.queue_of("acme").await;
+    // What the promotion loop writes for a hot tenant whose lane waits at
+    // the cap: 2 per second, a burst of 2.
+    a.store
+        .set_shaping(q, "acme", Some((2.0, 2.0)))
+        .await
+        .unwrap();
+    for i in 0..2 {
+        let (s, v) = a
+            .post(&a.acme, json!({"tenant": "acme", "payload": {"i": i}}))
+            .await;
+        assert_eq!(s, StatusCode::ACCEPTED, "{v}");
+    }
+    let (s, v, headers) = a
+        .call(
+            reqwest::Method::POST,
+            "/v1/events",
+            Some(&a.acme),
+            Some(json!({"tenant": "acme", "payload": {"i": 2}})),
+        )
+        .await;
+    assert_eq!(s, StatusCode::TOO_MANY_REQUESTS, "{v}");
+    assert_eq!(
+        (v["code"].as_str(), err_field(&v)),
+        (Some("shaped"), "tenant"),
+        "{v}"
+    );
+    assert!(
+        v["message"].as_str().unwrap().contains("shaped at ingest"),
+        "{v}"
+    );
+    let retry: u64 = headers["retry-after"].to_str().unwrap().parse().unwrap();
+    assert_eq!(
+        retry, 1,
+        "half a second at 2/s, rounded up to whole seconds"
+    );
+    // A batch: the tenant's items are refused, another tenant's taken.
+    let (s, v, _) = a
+        .call(
+            reqwest::Method::POST,
+            "/v1/events:batch",
+            Some(&a.admin),
+            Some(json!([{"tenant": "acme", "payload": {}}, {"tenant": "globex", "payload": {}}])),
+        )
+        .await;
+    assert_eq!(s, StatusCode::OK, "{v}");
+    assert_eq!(v["items"][0]["status"], 429, "{v}");
+    assert_eq!(v["items"][0]["error"]["code"], "shaped", "{v}");
+    assert_eq!(v["items"][1]["status"], 202, "{v}");
+    // The refused event was not stored: after Retry-After it goes in.
+    tokio::time::sleep(Duration::from_secs(retry)).await;
+    let (s, v) = a
+        .post(&a.acme, json!({"tenant": "acme", "payload": {"i": 2}}))
+        .await;
+    assert_eq!(s, StatusCode::ACCEPTED, "{v}");
+    assert_eq!(a.store.tenant_state(q, "acme").await.unwrap().queued, 3);
+    // Counted per tenant.
+    let (_, v, _) = a.call(reqwest::Method::GET, "/metrics", None, None).await;
+    let text = v.as_str().unwrap();
+    assert!(
+        text.contains(r#"lanekeeper_ingest_shaped_total{tenant="acme"} 2"#),
+        "{text}"
+    );
+    assert!(
+        text.contains(r#"lanekeeper_ingest_envelopes_total{outcome="shaped"} 2"#),
+        "{text}"
+    );
+    // Lifted: taken at once.
+    a.store.set_shaping(q, "acme", None).await.unwrap();
+    for i in 0..20 {
+        let (s, v) = a
+            .post(&a.acme, json!({"tenant": "acme", "payload": {"n": i}}))
+            .await;
+        assert_eq!(s, StatusCode::ACCEPTED, "{v}");
+    }
+}

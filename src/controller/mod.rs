@@ -4,7 +4,8 @@
 //!
 //! - [`shardset`] reconciles ShardSets, as a pipeline of typed steps (see
 //!   its `reconcile_inner`); [`lane`] reconciles DedicatedLanes;
-//!   [`promotion`] decides which tenants get lanes; [`reshard`] moves
+//!   [`promotion`] decides which tenants get lanes, and [`shaping`] which
+//!   of those that cannot get one ingest shapes; [`reshard`] moves
 //!   tenants when the shard count changes.
 //! - [`build`] and [`status`] are pure: objects and conditions from specs
 //!   and observations.
@@ -21,6 +22,7 @@ pub mod metrics;
 pub mod promotion;
 pub mod relocation;
 pub mod reshard;
+pub mod shaping;
 mod shardset;
 pub mod status;
 

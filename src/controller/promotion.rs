@@ -214,6 +214,13 @@ async fn tick_set(set: &ShardSet, ctx: &Context) -> anyhow::Result<()> {
         if !prev.promotion_candidates.is_empty() || !prev.demotion_candidates.is_empty() {
             write_candidates(&sets, &name, &Decision::default()).await?;
         }
+        if !prev.shaped_tenants.is_empty() {
+            // Lift every shaping: nothing measures it any more.
+            let store = super::store_for(set, ctx)
+                .await
+                .map_err(|e| anyhow::anyhow!(e))?;
+            super::shaping::tick(set, ctx, &store, &[], &BTreeMap::new(), 0.0).await?;
+        }
         return Ok(());
     }
     let store = super::store_for(set, ctx)
@@ -229,6 +236,8 @@ async fn tick_set(set: &ShardSet, ctx: &Context) -> anyhow::Result<()> {
             .filter(|l| l.spec.shard_set == name)
             .collect();
     let with_lane: BTreeSet<String> = lanes.iter().map(|l| l.spec.tenant.clone()).collect();
+    // Tenants whose lane waits at the cap: measured for shaping, not promotion.
+    let at_cap = super::shaping::waiting_for_cap(&lanes);
 
     // Read as whole buckets plus the current, partial one: a share read just
     // after a bucket turns over still rests on a full window.
@@ -239,12 +248,23 @@ async fn tick_set(set: &ShardSet, ctx: &Context) -> anyhow::Result<()> {
         * f64::from(set.spec.worker.concurrency);
     let shards = routing.shards.max(1);
     let mut observations = Vec::new();
+    let mut waiting = Vec::new();
     let mut shard_seconds: BTreeMap<QueueId, f64> = BTreeMap::new();
+    let mut shard_stats: BTreeMap<QueueId, Vec<crate::policy::TenantStats>> = BTreeMap::new();
     for n in 0..shards {
         let q = QueueId::Shard(n);
         let stats = store.tenant_stats(q, window).await?;
         shard_seconds.insert(q, stats.iter().map(|t| t.worker_seconds).sum());
-        observations.extend(shard_observations(q, &stats, workers, covered, &with_lane));
+        for o in shard_observations(q, &stats, workers, covered, &BTreeSet::new()) {
+            if at_cap.contains(&o.tenant) {
+                waiting.push(o);
+            } else if !with_lane.contains(&o.tenant) {
+                observations.push(o);
+            }
+        }
+        if !at_cap.is_empty() {
+            shard_stats.insert(q, stats);
+        }
     }
     for lane in &lanes {
         let st = lane.status.clone().unwrap_or_default();
@@ -334,6 +354,7 @@ async fn tick_set(set: &ShardSet, ctx: &Context) -> anyhow::Result<()> {
     if decision.hot != prev_hot || decision.cold != prev_cold {
         write_candidates(&sets, &name, &decision).await?;
     }
+    super::shaping::tick(set, ctx, &store, &waiting, &shard_stats, workers).await?;
     tracing::debug!(namespace = %ns, set = %name, "promotion: set measured");
     Ok(())
 }

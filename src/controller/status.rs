@@ -174,6 +174,7 @@ pub fn refused(set: &ShardSet, reason: &str, message: &str) -> ShardSetStatus {
         // Owned by the promotion loop's field manager.
         promotion_candidates: Vec::new(),
         demotion_candidates: Vec::new(),
+        shaped_tenants: Vec::new(),
         ..prev
     }
 }
@@ -451,6 +452,7 @@ pub fn compute(
         // Owned by the promotion loop (its own field manager): left out here.
         promotion_candidates: Vec::new(),
         demotion_candidates: Vec::new(),
+        shaped_tenants: Vec::new(),
         resharding: reshard.progress.clone(),
         redis_epoch: match redis {
             Ok(view) => view.epoch.clone().or(prev.redis_epoch.clone()),

@@ -759,6 +759,28 @@ pub struct PromotionSpec {
     /// Worker settings for lane Deployments, over the set's `worker` template.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub lane_worker: Option<WorkerOverrides>,
+
+    /// What happens to a hot tenant whose lane waits at the cap
+    /// (`Admitted=False`, `LaneCapReached`): `Wait` (it keeps its fair share
+    /// of its shard and ingest keeps accepting, within its backlog limit) or
+    /// `ShapeAtIngest` (ingest admits its events at the rate its fair share
+    /// drains and answers 429 with `Retry-After` beyond it; listed in
+    /// `status.shapedTenants`).
+    #[serde(default)]
+    pub at_cap: AtCap,
+}
+
+/// `spec.promotion.atCap`: what a hot tenant that cannot get a lane gets.
+#[derive(
+    schemars::JsonSchema, Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Default,
+)]
+pub enum AtCap {
+    /// Nothing changes at ingest: the tenant keeps its fair share of its
+    /// shard, and its producer is refused only at its backlog limit.
+    #[default]
+    Wait,
+    /// Ingest shapes the tenant to the rate its fair share drains.
+    ShapeAtIngest,
 }
 
 fn default_true() -> bool {
@@ -794,6 +816,7 @@ impl Default for PromotionSpec {
             window: default_window(),
             max_lanes: default_max_lanes(),
             lane_worker: None,
+            at_cap: AtCap::Wait,
         }
     }
 }
@@ -927,6 +950,13 @@ pub struct ShardSetStatus {
     #[schemars(length(max = 64))]
     pub demotion_candidates: Vec<DemotionCandidate>,
 
+    /// Hot tenants that cannot get a lane (the set is at its lane cap) and
+    /// that ingest shapes (`promotion.atCap: ShapeAtIngest`): the rate ingest
+    /// admits their events at, and since when.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 64))]
+    pub shaped_tenants: Vec<ShapedTenant>,
+
     /// Progress of a shard-count change, while one runs.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub resharding: Option<ReshardProgress>,
@@ -938,6 +968,21 @@ pub struct ShardSetStatus {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(max = 64))]
     pub redis_epoch: Option<String>,
+}
+
+/// A tenant shaped at ingest.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct ShapedTenant {
+    /// Tenant id.
+    pub tenant: String,
+    /// Queue the tenant is served from (`shard-07`).
+    pub queue: String,
+    /// Envelopes per second ingest admits for it: the rate its fair share
+    /// of the queue's workers drains at its measured cost per delivery.
+    pub per_second: f64,
+    /// When it was first shaped.
+    pub since: Time,
 }
 
 /// One tenant's share of its queue's capacity.

@@ -85,6 +85,28 @@ impl ApiError {
         e.retry_after = Some(retry_after);
         e
     }
+
+    /// The tenant is shaped at ingest: a 429 with `Retry-After` in whole
+    /// seconds, at least 1.
+    pub(super) fn shaped(tenant: &str, after: std::time::Duration) -> Self {
+        let secs = shaped_retry_after(after);
+        let mut e = Self::new(
+            StatusCode::TOO_MANY_REQUESTS,
+            "shaped",
+            Some("tenant".into()),
+            format!(
+                "tenant {tenant:?} is shaped at ingest: it is hot and the set has no free dedicated lane, so its events are admitted at the rate its fair share drains; retry after {secs}s"
+            ),
+        );
+        e.retry_after = Some(secs);
+        e
+    }
+}
+
+/// `Retry-After` seconds for a shaped tenant: the time its bucket needs,
+/// rounded up, at least 1 (the header has whole seconds only).
+pub(super) fn shaped_retry_after(after: std::time::Duration) -> u64 {
+    after.as_millis().div_ceil(1000).clamp(1, 3600) as u64
 }
 
 /// `s` cut to at most `max` bytes (at a character boundary), marked when cut.

@@ -226,6 +226,7 @@ fn status_name(o: &EnqueueOutcome) -> &'static str {
         EnqueueOutcome::Moved(_) => "moved",
         EnqueueOutcome::Full { .. } => "backlog_full",
         EnqueueOutcome::Stale { .. } => "stale",
+        EnqueueOutcome::Shaped { .. } => "shaped",
     }
 }
 
@@ -240,7 +241,7 @@ fn status_name(o: &EnqueueOutcome) -> &'static str {
         (status = 403, description = "The key may not act for this tenant", body = ErrorBody),
         (status = 413, description = "Payload over the size limit", body = ErrorBody),
         (status = 422, description = "Unknown endpoint, or no endpoint takes the event type", body = ErrorBody),
-        (status = 429, description = "The tenant's backlog is at its limit; see Retry-After", body = ErrorBody),
+        (status = 429, description = "The tenant's backlog is at its limit, or the tenant is shaped at ingest (code `shaped`); see Retry-After", body = ErrorBody),
         (status = 503, description = "Redis is slow or down; retry", body = ErrorBody),
     ),
     security(("api_key" = [])))]
@@ -269,6 +270,10 @@ pub(super) async fn post_event(
     let mut accepted = Vec::new();
     let mut queue = String::new();
     for s in &sent {
+        if let Ok((_, EnqueueOutcome::Shaped { retry_after })) = &s.result {
+            ingest.shaped(&tenant, count as u64);
+            return Err(ApiError::shaped(&tenant, *retry_after));
+        }
         if let Ok((q, EnqueueOutcome::Full { depth })) = &s.result {
             ingest.count("backlog_full", count as u64);
             let limit = limit.unwrap_or(0);
@@ -627,6 +632,13 @@ async fn settle(
                 item.status = 429;
                 item.error = Some(e.body);
                 item.retry_after = Some(after);
+            }
+            Ok((_, EnqueueOutcome::Shaped { retry_after })) => {
+                ingest.shaped(&s.tenant, 1);
+                let e = ApiError::shaped(&s.tenant, retry_after);
+                item.status = 429;
+                item.retry_after = e.retry_after;
+                item.error = Some(e.body);
             }
             Ok((q, outcome)) => {
                 ingest.count(status_name(&outcome), 1);

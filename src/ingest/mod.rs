@@ -178,6 +178,18 @@ impl Ingest {
         self.inner.tiers.remove(&tenant.to_string());
     }
 
+    /// Count `n` envelopes refused because `tenant` is shaped: the
+    /// `shaped` outcome and the per-tenant counter (its label set capped).
+    fn shaped(&self, tenant: &str, n: u64) {
+        self.count("shaped", n);
+        let m = &self.inner.metrics;
+        m.shaped
+            .get_or_create(&crate::telemetry::IngestTenantLabels {
+                tenant: m.tenant_label(tenant),
+            })
+            .inc_by(n);
+    }
+
     fn count(&self, outcome: &str, n: u64) {
         self.inner
             .metrics

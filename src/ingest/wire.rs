@@ -259,7 +259,7 @@ pub struct DeadQuery {
 #[derive(Clone, Debug, Serialize, Deserialize, ToSchema, PartialEq)]
 pub struct ErrorBody {
     /// Machine-readable: invalid_field, malformed_json, payload_too_large,
-    /// unauthorized, forbidden, not_found, backlog_full, unavailable.
+    /// unauthorized, forbidden, not_found, backlog_full, shaped, unavailable.
     pub code: String,
     /// The field at fault, as a path (`tenant`, `payload`, `items[3].tenant`).
     #[serde(default, skip_serializing_if = "Option::is_none")]

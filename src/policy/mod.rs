@@ -9,11 +9,14 @@
 //!   per-tenant figures read from them.
 //! - [`promotion`]: which tenants deserve a dedicated lane, with hysteresis.
 //! - [`tiers`]: tier names and the `<tenant> <tier>` assignment lines.
+//! - [`shaping`]: which hot tenants without a lane ingest shapes, and to
+//!   what rate.
 
 pub mod attribution;
 pub mod backoff;
 pub mod promotion;
 pub mod queue;
+pub mod shaping;
 pub mod tiers;
 
 pub use attribution::TenantStats;

@@ -40,6 +40,7 @@ mod relocation;
 mod reply;
 mod routing;
 mod settings;
+mod shaping;
 mod stats;
 mod tiers;
 mod url;
@@ -56,6 +57,7 @@ pub use reply::{
     NackOutcome, ReplayPage, TenantActivity, TenantQueueState, TenantStats,
 };
 pub use settings::{log_at_start as log_settings_at_start, worst as worst_settings, RedisSettings};
+pub use shaping::Shaping;
 pub use tiers::{TierSources, TierSync, TIER_CHUNK};
 pub use url::{
     cluster_nodes, cluster_url, is_tls_url, redact, with_password, with_username, CLUSTER_SCHEMES,

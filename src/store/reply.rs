@@ -28,6 +28,10 @@ pub enum EnqueueOutcome {
     /// fence (a reshard changed the shard count): nothing was stored;
     /// refresh the table and route again.
     Stale { fence: u64 },
+    /// The tenant is shaped at ingest (it is hot and its lane waits at the
+    /// cap) and has no tokens for this call: nothing was stored; enough
+    /// will be there after `retry_after`.
+    Shaped { retry_after: Duration },
 }
 
 /// An envelope leased to a worker until `deadline_ms`.
@@ -314,6 +318,9 @@ pub(super) fn parse_enqueue(tag: &Value, value: &Value) -> Result<EnqueueOutcome
         "DUP" => Ok(EnqueueOutcome::Duplicate),
         "FULL" => Ok(EnqueueOutcome::Full { depth: int(value) }),
         "STALE" => Ok(EnqueueOutcome::Stale { fence: int(value) }),
+        "SHAPED" => Ok(EnqueueOutcome::Shaped {
+            retry_after: Duration::from_millis(int(value)),
+        }),
         "MOVED" => string(value)
             .parse()
             .map(EnqueueOutcome::Moved)

@@ -6,7 +6,17 @@
 -- tenant's tier (tr) is written only when it changes (the last non-empty
 -- tier of its envelopes in the call wins), also when they are refused FULL. Returns a flat list with a
 -- {tag, value} pair per envelope, in order:
--- 'OK' seq | 'HELD' seq | 'DUP' 0 | 'MOVED' queue | 'FULL' depth | 'STALE' fence.
+-- 'OK' seq | 'HELD' seq | 'DUP' 0 | 'MOVED' queue | 'FULL' depth | 'STALE' fence
+-- | 'SHAPED' ms.
+-- SHAPED: the tenant is shaped at ingest (sr, its rate per second, and sb,
+-- its burst, in its state, written by the controller's promotion loop when
+-- it is hot and its lane waits at the cap) and its bucket (sl tokens at su
+-- ms) holds too few tokens for this call's envelopes: none is stored, and
+-- ms says when enough will be there. A call needs min(its envelopes, burst)
+-- tokens and spends one per envelope, so a call larger than the burst is
+-- taken from a full bucket and leaves it in debt: the rate holds on average.
+-- Refusals are counted (sd) and the last one's time kept (sx) for the
+-- controller, which lifts the shaping once none has come for a while.
 -- FULL: the tenant's depth here (queued, held, delayed and in flight) had
 -- reached the limit before this call; the envelope is not stored and its id
 -- not claimed. The check is per call, so a tenant's envelopes in one call
@@ -44,9 +54,10 @@ for k = 1, n do
   if not ts then
     -- paused, moved, and whether activation can be skipped (already on the
     -- ring, parked at its cap, or blocked by a breaker)
-    local st = redis.call('HMGET', tkey(t), 'p', 'm', 'r', 'k', 'bl', 'n', 'ip', 'ia', 'xc', 'h', 'tr')
+    local st = redis.call('HMGET', tkey(t), 'p', 'm', 'r', 'k', 'bl', 'n', 'ip', 'ia', 'xc', 'h', 'tr', 'sr', 'sb', 'sl', 'su', 'sd')
     ts = { paused = st[1] == '1', moved = st[2] or '', known = st[6] ~= false, depth = tonumber(st[6]) or 0,
-      active = st[3] == '1' or st[4] == '1' or st[5] == '1', ip = st[7], ia = st[8], xc = st[9], h = num(st[10], 0), tr = st[11] or '', ids = {}, lane = {}, held = {} }
+      active = st[3] == '1' or st[4] == '1' or st[5] == '1', ip = st[7], ia = st[8], xc = st[9], h = num(st[10], 0), tr = st[11] or '', ids = {}, lane = {}, held = {},
+      sr = num(st[12], 0), sb = num(st[13], 0), sl = tonumber(st[14]), su = num(st[15], 0), sd = num(st[16], 0) }
     tenants[t] = ts
     order[#order + 1] = t
   end
@@ -58,6 +69,35 @@ for k = 1, n do
       full[k] = true
     else
       ts.ids[#ts.ids + 1] = ARGV[i]
+    end
+  end
+end
+-- A finite number, else d: state written behind the scripts' back (nan,
+-- inf) must neither fail a call nor shape a tenant for ever.
+local function finite(x, d)
+  if x == nil or x ~= x or x == math.huge or x == -math.huge then return d end
+  return x
+end
+-- Shaping (see SHAPED above), per tenant and before any id is claimed.
+for _, t in ipairs(order) do
+  local ts = tenants[t]
+  local count = #ts.ids
+  local rate = finite(ts.sr, 0)
+  if rate > 0 and count > 0 then
+    local burst = math.max(finite(ts.sb, 1), 1)
+    -- debt is at most one call's envelopes; a level past it is garbage
+    local level = finite(ts.sl, burst)
+    if level < -1000 then level = burst end
+    ts.sr = rate
+    if ts.su > 0 and now > ts.su then level = level + (now - ts.su) * ts.sr / 1000 end
+    level = math.min(level, burst)
+    local need = math.min(count, burst)
+    if level < need then
+      ts.shaped = math.min(math.max(math.ceil((need - level) * 1000 / ts.sr), 1), 3600000)
+      ts.ids = {}
+      redis.call('HSET', tkey(t), 'sl', tostring(level), 'su', now, 'sd', ts.sd + count, 'sx', now)
+    else
+      redis.call('HSET', tkey(t), 'sl', tostring(level - count), 'su', now)
     end
   end
 end
@@ -77,6 +117,8 @@ for k = 1, n do
     out[#out + 1] = 'MOVED'; out[#out + 1] = ts.moved
   elseif full[k] then
     out[#out + 1] = 'FULL'; out[#out + 1] = ts.depth
+  elseif ts.shaped then
+    out[#out + 1] = 'SHAPED'; out[#out + 1] = ts.shaped
   elseif not ts.fresh[id] then
     out[#out + 1] = 'DUP'; out[#out + 1] = 0
   else
