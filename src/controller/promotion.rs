@@ -219,7 +219,8 @@ async fn tick_set(set: &ShardSet, ctx: &Context) -> anyhow::Result<()> {
             let store = super::store_for(set, ctx)
                 .await
                 .map_err(|e| anyhow::anyhow!(e))?;
-            super::shaping::tick(set, ctx, &store, &[], &BTreeMap::new(), 0.0).await?;
+            super::shaping::tick(set, ctx, &store, &[], &BTreeMap::new(), 0.0, Duration::ZERO)
+                .await?;
         }
         return Ok(());
     }
@@ -354,7 +355,7 @@ async fn tick_set(set: &ShardSet, ctx: &Context) -> anyhow::Result<()> {
     if decision.hot != prev_hot || decision.cold != prev_cold {
         write_candidates(&sets, &name, &decision).await?;
     }
-    super::shaping::tick(set, ctx, &store, &waiting, &shard_stats, workers).await?;
+    super::shaping::tick(set, ctx, &store, &waiting, &shard_stats, workers, covered).await?;
     tracing::debug!(namespace = %ns, set = %name, "promotion: set measured");
     Ok(())
 }

@@ -17,7 +17,7 @@ use tracing::info;
 
 use crate::crd::{AtCap, DedicatedLane, Ordering, ShapedTenant, ShardSet};
 use crate::policy::promotion::Observation;
-use crate::policy::shaping::{burst, decide, fair_rate, Shaped, Waiting};
+use crate::policy::shaping::{burst, decide, fair_rate, Other, Shaped, Waiting};
 use crate::policy::TenantStats;
 use crate::routing::QueueId;
 use crate::store::Store;
@@ -73,25 +73,30 @@ fn weight_of(set: &ShardSet, tenant: &str) -> f64 {
         .unwrap_or(s.default_weight)
 }
 
-/// The rate a waiting tenant is shaped to, from its shard's stats and its
-/// cost estimate. Pure.
+/// The rate a waiting tenant is shaped to, from its shard's stats over
+/// `covered` and its cost estimate. Pure.
 pub fn rate_for(
     set: &ShardSet,
     stats: &[TenantStats],
     tenant: &str,
     slots: f64,
+    covered: Duration,
     cost_s: f64,
 ) -> f64 {
-    let weights: Vec<f64> = stats
+    let secs = covered.as_secs_f64().max(1.0);
+    let others: Vec<Other> = stats
         .iter()
-        .filter(|t| t.depth > 0 || t.worker_seconds > 0.0 || t.tenant == tenant)
-        .map(|t| weight_of(set, &t.tenant))
+        .filter(|t| t.tenant != tenant && (t.depth > 0 || t.worker_seconds > 0.0))
+        .map(|t| Other {
+            weight: weight_of(set, &t.tenant),
+            used_slots: t.worker_seconds / secs,
+        })
         .collect();
     let cap = match set.spec.scheduler.ordering {
         Ordering::PerTenant => 1.0,
         Ordering::None => f64::from(set.spec.scheduler.max_in_flight_per_tenant.max(1)),
     };
-    fair_rate(slots, &weights, weight_of(set, tenant), cap, cost_s)
+    fair_rate(slots, &others, weight_of(set, tenant), cap, cost_s)
 }
 
 /// One tick of shaping for `set`. `waiting` holds the observations of the
@@ -104,6 +109,7 @@ pub async fn tick(
     waiting: &[Observation],
     stats: &BTreeMap<QueueId, Vec<TenantStats>>,
     slots: f64,
+    covered: Duration,
 ) -> anyhow::Result<()> {
     let promotion = &set.spec.promotion;
     let prev: Vec<Shaped> = set
@@ -122,7 +128,7 @@ pub async fn tick(
             let shard = stats.get(&o.queue).unwrap_or(&empty);
             measured.push(Waiting {
                 observation: o.clone(),
-                rate: rate_for(set, shard, &o.tenant, slots, cost),
+                rate: rate_for(set, shard, &o.tenant, slots, covered, cost),
                 last_refused_ms: shaping.last_refused_ms,
             });
         }
@@ -208,20 +214,31 @@ mod tests {
 
     #[test]
     fn the_rate_counts_active_tenants_weights_and_the_cap() {
+        // Over 10 s: the others kept 2, 1 and 0.5 slots busy, one is idle.
         let stats = vec![
-            stat("w", 900, 50.0),
-            stat("a", 1, 1.0),
-            stat("b", 0, 0.5),
+            stat("w", 900, 30.0),
+            stat("a", 1, 20.0),
+            stat("b", 0, 10.0),
+            stat("c", 0, 5.0),
             stat("idle", 0, 0.0),
         ];
-        let s = set("  worker: {image: x, concurrency: 16}\n");
-        // 16 slots over 3 active tenants, 0.1 s a delivery.
-        assert_eq!(rate_for(&s, &stats, "w", 16.0, 0.1), 53.33);
+        let s =
+            set("  worker: {image: x, concurrency: 16}\n  scheduler: {maxInFlightPerTenant: 16}\n");
+        let ten = Duration::from_secs(10);
+        // 16 slots: 3.5 used by the others, 12.5 left at 0.1 s a delivery;
+        // the default in-flight cap (8) bounds it.
+        assert_eq!(rate_for(&s, &stats, "w", 16.0, ten, 0.1), 125.0);
+        let capped = set("  worker: {image: x, concurrency: 16}\n");
+        assert_eq!(rate_for(&capped, &stats, "w", 16.0, ten, 0.1), 80.0);
+        // 4 slots: 1 each would be the equal part; b and c use less (1.5),
+        // a and w split the 2.5 left.
+        assert_eq!(rate_for(&s, &stats, "w", 4.0, ten, 0.1), 12.5);
         let weighted =
-            set("  worker: {image: x}\n  scheduler: {weights: [{tenant: w, weight: 2}]}\n");
-        assert_eq!(rate_for(&weighted, &stats, "w", 16.0, 0.1), 80.0);
+            set("  worker: {image: x}\n  scheduler: {weights: [{tenant: w, weight: 4}]}\n");
+        // c keeps its 0.5; w (4) and a, b (1 each) split 3.5 by weight.
+        assert_eq!(rate_for(&weighted, &stats, "w", 4.0, ten, 0.1), 23.33);
         let ordered = set("  worker: {image: x}\n  scheduler: {ordering: PerTenant}\n");
-        assert_eq!(rate_for(&ordered, &stats, "w", 16.0, 0.1), 10.0);
+        assert_eq!(rate_for(&ordered, &stats, "w", 16.0, ten, 0.1), 10.0);
     }
 
     #[test]

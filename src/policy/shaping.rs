@@ -23,31 +23,61 @@ pub const MIN_RATE: f64 = 1.0;
 /// Most tenants shaped at once in one set (`status.shapedTenants`).
 pub const MAX_SHAPED: usize = 64;
 
-/// The rate at which `own_weight`'s fair share of a queue's `slots`
-/// delivery slots drains, in envelopes per second: its weighted share of
-/// the slots among the active tenants (`weights`, its own included), no more
-/// than its in-flight cap, over its cost per delivery (`cost_s`
+/// Another active tenant of the queue, as the rate sees it.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Other {
+    pub weight: f64,
+    /// Delivery slots it kept busy over the window, on average.
+    pub used_slots: f64,
+}
+
+/// The rate at which a tenant of weight `own_weight` drains its fair share
+/// of a queue's `slots` delivery slots, in envelopes per second. The share
+/// is the weighted max-min one a work-conserving scheduler gives: tenants
+/// that used less than their weighted part keep what they used, and what
+/// they leave is split by weight among the rest, the tenant among them. No
+/// more than its in-flight cap, over its cost per delivery (`cost_s`
 /// worker-seconds). At least [`MIN_RATE`], rounded to two places. Pure.
 pub fn fair_rate(
     slots: f64,
-    weights: &[f64],
+    others: &[Other],
     own_weight: f64,
     in_flight_cap: f64,
     cost_s: f64,
 ) -> f64 {
-    let total: f64 = weights.iter().filter(|w| w.is_finite() && **w > 0.0).sum();
-    let own = if own_weight.is_finite() && own_weight > 0.0 {
-        own_weight
+    let sane = |w: f64| if w.is_finite() && w > 0.0 { w } else { 0.0 };
+    let own = sane(own_weight).max(1e-6);
+    let mut remaining = if slots.is_finite() {
+        slots.max(0.0)
     } else {
         0.0
     };
-    let share = if total > 0.0 {
-        (own / total).min(1.0)
-    } else {
-        1.0
-    };
-    let fair_slots = (slots.max(0.0) * share).min(in_flight_cap.max(1.0));
-    let rate = fair_slots / cost_s.max(1e-3);
+    // Others still sharing (their use above their part so far).
+    let mut sharing: Vec<(f64, f64)> = others
+        .iter()
+        .map(|o| (sane(o.weight), sane(o.used_slots)))
+        .filter(|(w, _)| *w > 0.0)
+        .collect();
+    // Water-filling: at most one pass per other tenant.
+    loop {
+        let weights: f64 = own + sharing.iter().map(|(w, _)| w).sum::<f64>();
+        let per_weight = remaining / weights;
+        let (below, above): (Vec<_>, Vec<_>) =
+            sharing.iter().partition(|(w, used)| *used < w * per_weight);
+        if below.is_empty() {
+            break;
+        }
+        remaining -= below.iter().map(|(_, used)| used).sum::<f64>();
+        sharing = above;
+    }
+    let weights: f64 = own + sharing.iter().map(|(w, _)| w).sum::<f64>();
+    let fair_slots = (remaining.max(0.0) * own / weights).min(in_flight_cap.max(1.0));
+    let rate = fair_slots
+        / if cost_s.is_finite() {
+            cost_s.max(1e-3)
+        } else {
+            1.0
+        };
     ((rate * 100.0).round() / 100.0).max(MIN_RATE)
 }
 
@@ -153,22 +183,36 @@ mod tests {
     }
 
     #[test]
-    fn the_fair_rate_is_the_weighted_share_of_the_slots_over_the_cost() {
-        // 16 slots, 4 equal tenants, 100 ms a delivery: 4 slots, 40/s.
-        assert_eq!(fair_rate(16.0, &[1.0; 4], 1.0, 16.0, 0.1), 40.0);
+    fn the_fair_rate_is_the_max_min_share_of_the_slots_over_the_cost() {
+        let busy = |w: f64| Other {
+            weight: w,
+            used_slots: 100.0,
+        };
+        // 16 slots, 4 equal busy tenants, 100 ms a delivery: 4 slots, 40/s.
+        assert_eq!(fair_rate(16.0, &[busy(1.0); 3], 1.0, 16.0, 0.1), 40.0);
         // Weight 2 of 1+1+2: half the slots.
-        assert_eq!(fair_rate(16.0, &[1.0, 1.0, 2.0], 2.0, 16.0, 0.1), 80.0);
+        assert_eq!(fair_rate(16.0, &[busy(1.0); 2], 2.0, 16.0, 0.1), 80.0);
+        // Light tenants keep what they use; the rest is the tenant's:
+        // 3 of them use 0.5 slot each, so 14.5 slots are left for it.
+        let light = Other {
+            weight: 1.0,
+            used_slots: 0.5,
+        };
+        assert_eq!(fair_rate(16.0, &[light; 3], 1.0, 16.0, 0.1), 145.0);
+        // One light, one busy: the busy one and the tenant split 15.5.
+        assert_eq!(fair_rate(16.0, &[light, busy(1.0)], 1.0, 16.0, 0.1), 77.5);
         // The in-flight cap bounds it (PerTenant: one in flight).
-        assert_eq!(fair_rate(16.0, &[1.0; 2], 1.0, 1.0, 0.1), 10.0);
+        assert_eq!(fair_rate(16.0, &[busy(1.0)], 1.0, 1.0, 0.1), 10.0);
         // Alone: every slot.
-        assert_eq!(fair_rate(8.0, &[1.0], 1.0, 8.0, 0.5), 16.0);
+        assert_eq!(fair_rate(8.0, &[], 1.0, 8.0, 0.5), 16.0);
         // Nonsense never shuts a tenant out, nor divides by zero.
         assert_eq!(fair_rate(0.0, &[], 0.0, 0.0, 0.0), MIN_RATE);
-        assert_eq!(
-            fair_rate(16.0, &[f64::NAN], f64::INFINITY, 4.0, 1e9),
-            MIN_RATE
-        );
-        assert!(fair_rate(16.0, &[1.0], 1.0, 16.0, 0.0).is_finite());
+        let odd = Other {
+            weight: f64::NAN,
+            used_slots: f64::INFINITY,
+        };
+        assert_eq!(fair_rate(16.0, &[odd], f64::INFINITY, 4.0, 1e9), MIN_RATE);
+        assert!(fair_rate(f64::INFINITY, &[odd], 1.0, 16.0, f64::NAN).is_finite());
         assert_eq!(burst(0.3), 1.0);
         assert_eq!(burst(40.2), 41.0);
     }

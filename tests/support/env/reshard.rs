@@ -208,11 +208,21 @@ pub async fn watch_reshard(
                 }
             }
         }
-        assert!(
-            started.elapsed() < timeout,
-            "reshard to {to} not done in {timeout:?}; seen {seen:?}; controller log:\n{}",
-            env.controller_log()
-        );
+        if started.elapsed() >= timeout {
+            let table = env.store.routing().await.unwrap();
+            let pins: Vec<_> = table
+                .pins
+                .iter()
+                .filter(|(_, q)| matches!(q, QueueId::Shard(_)))
+                .take(10)
+                .collect();
+            panic!(
+                "reshard to {to} not done in {timeout:?}; seen {seen:?}; routing at {} shards, shard pins {pins:?}; Events since the change {:?}; controller log:\n{}",
+                table.shards,
+                set_events(env).into_iter().skip(events_before).collect::<Vec<_>>(),
+                env.controller_log()
+            );
+        }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
