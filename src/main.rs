@@ -75,6 +75,13 @@ enum Command {
     /// window (capacity %), largest consumers first.
     Top(cli::top::TopArgs),
 
+    /// Assign tenants' tiers in bulk from a file, or show one tenant's tier.
+    ///
+    /// `tiers apply --file tiers.txt` takes `<tenant> <tier>` lines (`-`
+    /// clears), all or nothing, as the ingest admin API's bulk call does;
+    /// `tiers get TENANT` prints the tier in force and where it comes from.
+    Tiers(cli::tiers::TiersArgs),
+
     /// Compare FIFO, hashed shards, fair scheduling and dedicated lanes on a
     /// tenant mix, before touching production (needs --redis).
     ///
@@ -94,6 +101,7 @@ fn main() -> ExitCode {
         Command::Crds(args) => cli::crds::run(args),
         Command::Route(args) => cli::block_on(cli::route::run(args)),
         Command::Top(args) => cli::block_on(cli::top::run(args)),
+        Command::Tiers(args) => cli::block_on(cli::tiers::run(args)),
         Command::IngestKey(args) => cli::ingest_key::run(args),
         Command::Worker(args) => cli::serve(|stop| cli::worker::run(*args, stop)),
         Command::Ingest(args) => cli::serve(|stop| cli::ingest::run(*args, stop)),

@@ -1412,3 +1412,135 @@ async fn a_shaped_tenant_gets_429_with_retry_after_and_a_reason_and_others_do_no
         assert_eq!(s, StatusCode::ACCEPTED, "{v}");
     }
 }
+
+/// `lanekeeper tiers` with `args`, against the shared Redis and `set`.
+fn tiers_cli(
+    set: &lanekeeper::store::SetId,
+    args: &[&str],
+    stdin: Option<&str>,
+) -> std::process::Output {
+    use std::io::Write;
+    let mut cmd = std::process::Command::new(support::process::lanekeeper_bin());
+    cmd.arg("tiers")
+        .args(args)
+        .args([
+            "--redis",
+            &support::redis::shared().url,
+            "--shard-set",
+            &set.to_string(),
+        ])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped());
+    let mut child = cmd.spawn().unwrap();
+    {
+        let mut input = child.stdin.take().unwrap();
+        if let Some(text) = stdin {
+            input.write_all(text.as_bytes()).unwrap();
+        }
+    }
+    child.wait_with_output().unwrap()
+}
+
+#[tokio::test]
+async fn the_tiers_cli_applies_a_file_of_40000_all_or_nothing_and_ingest_sees_it() {
+    let a = api(Config::default()).await;
+    let set = a.store.set().clone();
+    let dir = support::process::scratch_dir("tiers-cli");
+    let file = dir.join("tiers.txt");
+    let mut text = String::from("# tiers of every customer\n\n");
+    for i in 0..40_000 {
+        text.push_str(&format!(
+            "cust-{i:05} {}\n",
+            if i % 4 == 0 { "gold" } else { "free" }
+        ));
+    }
+    std::fs::write(&file, &text).unwrap();
+    let started = Instant::now();
+    let out = tiers_cli(&set, &["apply", "--file", file.to_str().unwrap()], None);
+    let took = started.elapsed();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout).trim(),
+        "set 40000, cleared 0"
+    );
+    eprintln!(
+        "lanekeeper tiers apply: 40000 assignments from a file in {took:?}, process start included"
+    );
+    let s = a.store.tier_sources("cust-00004").await.unwrap();
+    assert_eq!(s.api.as_deref(), Some("gold"));
+    // `get` shows it and its source.
+    let out = tiers_cli(&set, &["get", "cust-00004"], None);
+    let shown = String::from_utf8_lossy(&out.stdout).to_string();
+    assert!(
+        shown.contains("tier\tgold")
+            && shown.contains("api\tgold")
+            && shown.contains("configMap\t-"),
+        "{shown}"
+    );
+    // The ingest admin API reads the same assignment.
+    let (s, v, _) = a
+        .call(
+            reqwest::Method::GET,
+            "/v1/admin/tiers/cust-00004",
+            Some(&a.admin),
+            None,
+        )
+        .await;
+    assert_eq!(
+        (s, v["tier"].as_str()),
+        (StatusCode::OK, Some("gold")),
+        "{v}"
+    );
+    // A bad line: the command fails naming the line, nothing is written
+    // (cust-00001 keeps its tier though the file's first line clears it).
+    let bad = "cust-00001 -\ncust-00002 platinum\nnot a line\ncust-00003 bad/tier\n";
+    let out = tiers_cli(&set, &["apply", "--file", "-"], Some(bad));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(
+        err.contains("line 3") && err.contains("nothing was written") && err.contains("line 4"),
+        "{err}"
+    );
+    assert_eq!(
+        a.store
+            .tier_sources("cust-00001")
+            .await
+            .unwrap()
+            .api
+            .as_deref(),
+        Some("free")
+    );
+    assert_eq!(
+        a.store
+            .tier_sources("cust-00002")
+            .await
+            .unwrap()
+            .api
+            .as_deref(),
+        Some("free")
+    );
+    // From stdin, a clear.
+    let out = tiers_cli(
+        &set,
+        &["apply", "-f", "-"],
+        Some("cust-00001 -\ncust-00002 platinum\n"),
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout).trim(),
+        "set 1, cleared 1"
+    );
+    assert_eq!(a.store.tier_sources("cust-00001").await.unwrap().api, None);
+    // A missing file names itself.
+    let out = tiers_cli(&set, &["apply", "--file", "/nonexistent/tiers.txt"], None);
+    assert!(String::from_utf8_lossy(&out.stderr).contains("/nonexistent/tiers.txt"));
+}

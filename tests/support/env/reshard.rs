@@ -182,8 +182,21 @@ pub async fn watch_reshard(
         if status == "False" {
             let table = env.store.routing().await.unwrap();
             if table.shards == to && !table.pins.values().any(|q| matches!(q, QueueId::Shard(_))) {
-                let mut events: Vec<(String, String)> =
-                    set_events(env).into_iter().skip(events_before).collect();
+                // The Events since the watch began, and the "Resharded" of
+                // this change wherever it is: a reshard with nothing to wait
+                // for (a shrink) can finish, Event and all, before the
+                // watch's first listing.
+                let since = |all: Vec<(String, String)>| -> Vec<(String, String)> {
+                    let this = format!(" to {to} shards");
+                    all.into_iter()
+                        .enumerate()
+                        .filter(|(i, (r, note))| {
+                            *i >= events_before || (r == "Resharded" && note.contains(&this))
+                        })
+                        .map(|(_, e)| e)
+                        .collect()
+                };
+                let mut events = since(set_events(env));
                 // The condition can clear a reconcile before the one that
                 // records "Resharded" (the clean-clone run saw that after a
                 // 0.35 s reshard): give the Event a few seconds to appear.
@@ -193,7 +206,7 @@ pub async fn watch_reshard(
                     && settle.elapsed() < Duration::from_secs(10)
                 {
                     tokio::time::sleep(Duration::from_millis(200)).await;
-                    events = set_events(env).into_iter().skip(events_before).collect();
+                    events = since(set_events(env));
                 }
                 let done = events.iter().rev().find(|(r, _)| r == "Resharded");
                 if began || done.is_some() {
