@@ -17,7 +17,7 @@ use tracing::info;
 
 use crate::crd::{AtCap, DedicatedLane, Ordering, ShapedTenant, ShardSet};
 use crate::policy::promotion::Observation;
-use crate::policy::shaping::{burst, decide, fair_rate, Other, Shaped, Waiting};
+use crate::policy::shaping::{burst, decide, fair_rate, to_clear, Other, Shaped, Waiting};
 use crate::policy::TenantStats;
 use crate::routing::QueueId;
 use crate::store::Store;
@@ -143,13 +143,9 @@ pub async fn tick(
                 .await?;
         }
     }
-    for t in &d.lifted {
-        if let Some(q) = prev
-            .iter()
-            .find(|s| &s.tenant == t)
-            .and_then(|s| s.queue.parse::<QueueId>().ok())
-        {
-            store.set_shaping(q, t, None).await?;
+    for (t, q) in to_clear(&prev, &d) {
+        if let Ok(q) = q.parse::<QueueId>() {
+            store.set_shaping(q, &t, None).await?;
         }
     }
     let name = set.name_any();

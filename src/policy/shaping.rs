@@ -163,6 +163,21 @@ pub fn decide(
     d
 }
 
+/// The (tenant, queue) pairs whose shaping state must go after `d`: every
+/// lifted tenant's, and the old queue of a tenant still shaped that a
+/// reshard moved (a stale bucket there would shape it again, unseen, if it
+/// ever came back). Pure.
+pub fn to_clear(prev: &[Shaped], d: &Decision) -> Vec<(String, String)> {
+    prev.iter()
+        .filter(|p| {
+            !d.shaped
+                .iter()
+                .any(|s| s.tenant == p.tenant && s.queue == p.queue)
+        })
+        .map(|p| (p.tenant.clone(), p.queue.clone()))
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -273,6 +288,33 @@ mod tests {
         // Its lane was admitted (it no longer waits): lifted.
         let d4 = decide(&prev, &[], 0.3, quiet, later);
         assert_eq!(d4.lifted, vec!["w".to_string()]);
+    }
+
+    #[test]
+    fn a_lifted_or_moved_tenants_old_bucket_is_cleared() {
+        let shaped = |t: &str, q: &str| Shaped {
+            tenant: t.into(),
+            queue: q.into(),
+            per_second: 5.0,
+            since_ms: 0,
+        };
+        let prev = vec![
+            shaped("stays", "shard-01"),
+            shaped("moved", "shard-02"),
+            shaped("lifted", "shard-03"),
+        ];
+        let d = Decision {
+            shaped: vec![shaped("stays", "shard-01"), shaped("moved", "shard-05")],
+            started: vec![],
+            lifted: vec!["lifted".into()],
+        };
+        assert_eq!(
+            to_clear(&prev, &d),
+            vec![
+                ("moved".to_string(), "shard-02".to_string()),
+                ("lifted".to_string(), "shard-03".to_string())
+            ]
+        );
     }
 
     #[test]
