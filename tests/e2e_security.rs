@@ -567,3 +567,230 @@ fn a_redis_that_never_answers_does_not_stretch_other_sets_promotion_ticks() {
         support::process::tail(&log, 20)
     );
 }
+
+/// Write ConfigMap `name` with `text` under key `tiers` (created, or
+/// replaced whole: `apply` would keep a copy of 600 KB in an annotation).
+fn tier_config_map(cp: &ControlPlane, ns: &str, name: &str, text: &str) {
+    let file = support::process::scratch_dir("tiers").join("tiers");
+    std::fs::write(&file, text).unwrap();
+    let yaml = cp.kubectl_ok(&[
+        "create",
+        "configmap",
+        name,
+        "-n",
+        ns,
+        &format!("--from-file=tiers={}", file.display()),
+        "--dry-run=client",
+        "-o",
+        "yaml",
+    ]);
+    let exists = cp
+        .kubectl()
+        .args(["get", "configmap", name, "-n", ns])
+        .output()
+        .is_ok_and(|o| o.status.success());
+    let verb = if exists { "replace" } else { "create" };
+    cp.kubectl_stdin(&[verb, "-n", ns, "-f", "-"], &yaml);
+}
+
+/// `status.tierAssignments` of a set (null when absent).
+fn tier_status(cp: &ControlPlane, ns: &str, name: &str) -> serde_json::Value {
+    let out = cp.kubectl_ok(&[
+        "get",
+        "shardset",
+        name,
+        "-n",
+        ns,
+        "-o",
+        "jsonpath={.status.tierAssignments}",
+    ]);
+    serde_json::from_str(&out).unwrap_or_default()
+}
+
+/// Issue 20, item 3: tiers in bulk from a ConfigMap. 40,000 assignments are
+/// synced into Redis; a change syncs what changed; a bad line syncs
+/// nothing, keeps the last good assignments and names the line without
+/// quoting it; Redis restarted empty gets them back; a ConfigMap the
+/// controller's RBAC does not name is never read (its author could not read
+/// it either); a missing one keeps the last good; unsetting drops them.
+#[test]
+fn tier_assignments_sync_from_the_allowed_config_map_all_or_nothing() {
+    let cp = cluster();
+    let ns = cp.namespace("tiers");
+    let author = cp.shardset_author(&ns);
+    let redis = support::redis::dedicated();
+    let (pid, log) = cp.spawn_controller_with_rbac(&ns, &[], &[]);
+    let key = format!("lk:{{{ns}/hooks}}:tiers");
+    let hlen = || {
+        support::redis::cli(&redis, &["HLEN", &key])
+            .trim()
+            .parse::<u64>()
+            .unwrap_or(u64::MAX)
+    };
+    let hget = |t: &str| {
+        support::redis::cli(&redis, &["HGET", &key, t])
+            .trim()
+            .to_string()
+    };
+    let set = |assignments: &str| {
+        format!(
+            "apiVersion: lanekeeper.io/v1alpha1\nkind: ShardSet\nmetadata: {{name: hooks}}\n\
+             spec:\n  shards: 1\n  redis: {{url: \"{}\"}}\n  worker: {{image: \"lanekeeper:v1\", replicas: 1}}\n\
+             {assignments}",
+            redis.url
+        )
+    };
+    let apply = |yaml: &str| {
+        let out = kubectl_as(cp, &author, &["apply", "-n", &ns, "-f", "-"], Some(yaml));
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    };
+    let with = |cm: &str| {
+        set(&format!(
+            "  scheduler: {{tierAssignments: {{configMapName: {cm}}}}}\n"
+        ))
+    };
+    // The schema names the field of a name that is no ConfigMap's.
+    let out = kubectl_as(
+        cp,
+        &author,
+        &["apply", "-n", &ns, "-f", "-"],
+        Some(&with("Not_A_Name")),
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && stderr.contains("tierAssignments.configMapName"),
+        "{stderr}"
+    );
+
+    let tiers = ["gold", "silver", "bronze", "free"];
+    let lines = |n: usize| -> Vec<String> {
+        (0..n)
+            .map(|i| format!("t-{i:05} {}", tiers[i % 4]))
+            .collect()
+    };
+    let mut text = format!("# {} tenants\n{}\n", 40_000, lines(40_000).join("\n"));
+    tier_config_map(cp, &ns, "lanekeeper-tiers", &text);
+    let started = Instant::now();
+    apply(&with("lanekeeper-tiers"));
+    wait_until("40,000 assignments synced", Duration::from_secs(90), || {
+        tier_status(cp, &ns, "hooks")["tenants"] == 40_000
+    });
+    let took = started.elapsed();
+    println!(
+        "40,000 tier assignments in status {:.1} s after the apply",
+        took.as_secs_f64()
+    );
+    assert_eq!(hlen(), 40_000);
+    assert_eq!(hget("t-00001"), "silver");
+    assert_eq!(hget("t-39999"), "free");
+    let st = tier_status(cp, &ns, "hooks");
+    let first = st["synced"].as_str().unwrap().to_string();
+    assert!(first.starts_with("lanekeeper-tiers/"), "{st}");
+    assert!(st.get("message").is_none(), "{st}");
+
+    // A change: one tenant's tier, one gone, one new.
+    let mut changed = lines(40_000);
+    changed[1] = "t-00001 gold".into();
+    changed.remove(2);
+    changed.push("late-joiner silver".into());
+    text = changed.join("\n");
+    tier_config_map(cp, &ns, "lanekeeper-tiers", &text);
+    wait_until("the change synced", Duration::from_secs(60), || {
+        tier_status(cp, &ns, "hooks")["synced"] != first.as_str()
+    });
+    assert_eq!(hget("t-00001"), "gold");
+    assert_eq!(hget("t-00002"), "");
+    assert_eq!(hget("late-joiner"), "silver");
+    assert_eq!(hlen(), 40_000);
+    let good = tier_status(cp, &ns, "hooks")["synced"]
+        .as_str()
+        .unwrap()
+        .to_string();
+
+    // A bad line: nothing of it is synced, the line is named, not quoted.
+    let mut bad = changed.clone();
+    bad[0] = "t-00000 platinum".into();
+    bad[6] = "hidden-customer gold extra".into();
+    tier_config_map(cp, &ns, "lanekeeper-tiers", &bad.join("\n"));
+    wait_until("the bad line reported", Duration::from_secs(60), || {
+        tier_status(cp, &ns, "hooks")["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("line 7"))
+    });
+    let st = tier_status(cp, &ns, "hooks");
+    assert_eq!(st["synced"], good.as_str(), "{st}");
+    assert_eq!(
+        hget("t-00000"),
+        "gold",
+        "nothing of the bad version is written"
+    );
+    assert_eq!(hlen(), 40_000);
+    let events = cp.kubectl_ok(&["get", "events", "-n", &ns, "-o", "json"]);
+    assert!(events.contains("InvalidTierAssignments"), "{events}");
+    assert!(events.contains("TierAssignmentsSynced"), "{events}");
+    for shown in [events.as_str(), &status_json(cp, &ns, "hooks")] {
+        assert!(!shown.contains("hidden-customer"), "{shown}");
+    }
+
+    // Redis restarted empty: the assignments come back with the rest.
+    tier_config_map(cp, &ns, "lanekeeper-tiers", &text);
+    wait_until("the good version again", Duration::from_secs(60), || {
+        tier_status(cp, &ns, "hooks").get("message").is_none()
+            && tier_status(cp, &ns, "hooks")["synced"] != good.as_str()
+    });
+    support::redis::cli(&redis, &["FLUSHALL"]);
+    wait_until("the assignments restored", Duration::from_secs(60), || {
+        hlen() == 40_000
+    });
+    assert_eq!(hget("t-00001"), "gold");
+
+    // A ConfigMap the controller may not read: refused, nothing of it read.
+    cp.kubectl_ok(&[
+        "create",
+        "configmap",
+        "team-private",
+        "-n",
+        &ns,
+        "--from-literal=tiers=private-customer gold",
+    ]);
+    apply(&with("team-private"));
+    wait_until("the refusal", Duration::from_secs(60), || {
+        tier_status(cp, &ns, "hooks")["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("may not read ConfigMap \"team-private\""))
+    });
+    assert_eq!(hlen(), 40_000, "the last good assignments stay");
+    assert_eq!(hget("private-customer"), "");
+    // An allowed name whose ConfigMap is gone: the same. (A name RBAC does
+    // not allow is refused whether or not it exists: 403 before 404.)
+    cp.kubectl_ok(&["delete", "configmap", "lanekeeper-tiers", "-n", &ns]);
+    apply(&with("lanekeeper-tiers"));
+    wait_until("not found", Duration::from_secs(60), || {
+        tier_status(cp, &ns, "hooks")["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("not found"))
+    });
+    assert_eq!(hlen(), 40_000);
+    let events = cp.kubectl_ok(&["get", "events", "-n", &ns, "-o", "json"]);
+    assert!(events.contains("TierConfigMapNotAllowed"), "{events}");
+    assert!(events.contains("TierConfigMapNotFound"), "{events}");
+    assert!(!events.contains("private-customer"), "{events}");
+
+    // Unset: the ConfigMap's assignments go (the admin API's would stay).
+    apply(&set(""));
+    wait_until("the assignments dropped", Duration::from_secs(60), || {
+        hlen() == 0 && tier_status(cp, &ns, "hooks").is_null()
+    });
+    let log_text = std::fs::read_to_string(&log).unwrap_or_default();
+    assert!(
+        !log_text.contains("private-customer"),
+        "{}",
+        support::process::tail(&log, 40)
+    );
+    support::process::signal(pid, libc::SIGKILL);
+    support::redis::kill(&redis);
+}

@@ -1051,6 +1051,48 @@ impl Api {
     }
 }
 
+/// The ConfigMap's assignments (as the controller syncs them) reach a
+/// tenant's queue with its next event; the API's win over them, and
+/// clearing the API's gives the ConfigMap's back.
+#[tokio::test]
+async fn config_map_tiers_reach_the_queue_and_the_api_wins() {
+    let a = api(Config::default()).await;
+    a.endpoint("acme", "default", &[]).await;
+    let synced = a
+        .store
+        .sync_config_tiers(
+            "lanekeeper-tiers/1",
+            &std::collections::BTreeMap::from([("acme".to_string(), "silver".to_string())]),
+        )
+        .await
+        .unwrap();
+    assert_eq!((synced.set, synced.removed), (1, 0));
+    let post = || async {
+        let (s, _) = a
+            .post(&a.acme, json!({"tenant": "acme", "payload": {}}))
+            .await;
+        assert_eq!(s, StatusCode::ACCEPTED);
+    };
+    post().await;
+    assert_eq!(queue_tier(&a, "acme").await.as_deref(), Some("silver"));
+    let (s, _) = a.tiers(&a.admin, "acme gold\n").await;
+    assert_eq!(s, StatusCode::OK);
+    post().await;
+    assert_eq!(queue_tier(&a, "acme").await.as_deref(), Some("gold"));
+    let (s, _) = a.tiers(&a.admin, "acme -\n").await;
+    assert_eq!(s, StatusCode::OK);
+    post().await;
+    assert_eq!(queue_tier(&a, "acme").await.as_deref(), Some("silver"));
+    // The ConfigMap drops it: after the cache's second, the queue has none.
+    a.store
+        .sync_config_tiers("lanekeeper-tiers/2", &Default::default())
+        .await
+        .unwrap();
+    tokio::time::sleep(std::time::Duration::from_millis(1100)).await;
+    post().await;
+    assert_eq!(queue_tier(&a, "acme").await, None);
+}
+
 /// The admin tier API: one tenant's tier set, read and cleared, many at
 /// once, each reaching the tenant's queue with its next event; tenant keys
 /// refused, bad names refused naming the line with nothing written.

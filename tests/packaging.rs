@@ -138,6 +138,8 @@ fn all_options(ns: &str) -> Vec<String> {
         "networkPolicy.redis.to[0].podSelector.matchLabels.app=redis",
         "networkPolicy.metricsFrom[0].namespaceSelector.matchLabels.monitoring=enabled",
         "redis.extraSecretNames[0]=redis-eu",
+        "controller.tierConfigMapNames[0]=tiers-eu",
+        "controller.tierConfigMapNames[1]=tiers-us",
         "redis.tls.caSecretName=redis-ca",
         "redis.tls.clientCertSecretName=redis-client",
         "controller.logFormat=text",
@@ -326,7 +328,7 @@ fn controller_rules(objs: &[Value], kind: &str, name: &str) -> Vec<Value> {
 }
 
 /// The controller's rules, exactly: anything more is a review, not a drift.
-fn expected_rules(secret_names: &[&str]) -> Vec<Value> {
+fn expected_rules(secret_names: &[&str], config_maps: &[&str]) -> Vec<Value> {
     let rule = |groups: &[&str], resources: &[&str], names: &[&str], verbs: &[&str]| {
         let mut m = serde_yaml::Mapping::new();
         m.insert("apiGroups".into(), groups.to_vec().into());
@@ -337,7 +339,7 @@ fn expected_rules(secret_names: &[&str]) -> Vec<Value> {
         m.insert("verbs".into(), verbs.to_vec().into());
         Value::Mapping(m)
     };
-    vec![
+    let mut rules = vec![
         rule(
             &["lanekeeper.io"],
             &["shardsets", "dedicatedlanes"],
@@ -371,7 +373,11 @@ fn expected_rules(secret_names: &[&str]) -> Vec<Value> {
         ),
         rule(&["events.k8s.io"], &["events"], &[], &["create", "patch"]),
         rule(&[""], &["secrets"], secret_names, &["get"]),
-    ]
+    ];
+    if !config_maps.is_empty() {
+        rules.push(rule(&[""], &["configmaps"], config_maps, &["get"]));
+    }
+    rules
 }
 
 #[test]
@@ -390,7 +396,7 @@ fn chart_is_least_privilege_hardened_and_elects_a_leader_with_replicas() {
     assert_eq!(d["spec"]["strategy"]["type"], "Recreate");
     assert_eq!(
         controller_rules(&objs, "ClusterRole", "lanekeeper-controller"),
-        expected_rules(&["lanekeeper-redis"])
+        expected_rules(&["lanekeeper-redis"], &["lanekeeper-tiers"])
     );
     assert!(
         !objs.iter().any(|o| o["kind"] == "Role"),
@@ -445,7 +451,10 @@ fn chart_is_least_privilege_hardened_and_elects_a_leader_with_replicas() {
     assert_eq!(role["metadata"]["namespace"], "prod");
     assert_eq!(
         controller_rules(&objs, "Role", "lk-lanekeeper-controller"),
-        expected_rules(&["lanekeeper-redis", "redis-eu", "redis-ca", "redis-client"])
+        expected_rules(
+            &["lanekeeper-redis", "redis-eu", "redis-ca", "redis-client"],
+            &["tiers-eu", "tiers-us"]
+        )
     );
     let lease = find(&objs, "Role", "lk-lanekeeper-controller-leader-election");
     assert_eq!(lease["metadata"]["namespace"], "ops");
@@ -895,6 +904,7 @@ fn service_account_may_do_what_the_controller_needs_and_nothing_else() {
         vec!["create", "events.events.k8s.io", "-n", sets],
         vec!["patch", "events.events.k8s.io", "-n", sets],
         vec!["get", "secrets/lanekeeper-redis", "-n", sets],
+        vec!["get", "configmaps/lanekeeper-tiers", "-n", sets],
         vec!["create", "leases.coordination.k8s.io", "-n", rel],
         vec![
             "get",
@@ -918,6 +928,9 @@ fn service_account_may_do_what_the_controller_needs_and_nothing_else() {
         vec!["list", "secrets", "-n", sets],
         vec!["watch", "secrets", "-n", sets],
         vec!["get", "secrets/some-other-secret", "-n", sets],
+        vec!["get", "configmaps/kube-root-ca.crt", "-n", sets],
+        vec!["list", "configmaps", "-n", sets],
+        vec!["watch", "configmaps", "--all-namespaces"],
         vec!["create", "secrets", "-n", sets],
         vec!["create", "pods", "-n", sets],
         vec!["create", "pods", "-n", rel],

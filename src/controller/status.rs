@@ -21,6 +21,8 @@ pub struct RedisView {
     pub restored: Option<String>,
     /// The epoch mark Redis holds (see `ShardSetStatus::redis_epoch`).
     pub epoch: Option<String>,
+    /// What the tier ConfigMap sync shows.
+    pub tiers: Option<crate::crd::TierAssignmentsStatus>,
 }
 
 impl Default for RedisView {
@@ -30,6 +32,7 @@ impl Default for RedisView {
             settings: Ok(Vec::new()),
             restored: None,
             epoch: None,
+            tiers: None,
         }
     }
 }
@@ -457,6 +460,10 @@ pub fn compute(
         redis_epoch: match redis {
             Ok(view) => view.epoch.clone().or(prev.redis_epoch.clone()),
             Err(_) => prev.redis_epoch.clone(),
+        },
+        tier_assignments: match redis {
+            Ok(view) => view.tiers.clone(),
+            Err(_) => prev.tier_assignments.clone(),
         },
     }
 }

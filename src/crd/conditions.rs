@@ -58,3 +58,7 @@ pub const PRIORITY_CLASS_NOT_ALLOWED: &str = "PriorityClassNotAllowed";
 pub const DUPLICATE_TENANT: &str = "DuplicateTenant";
 pub const WAITING_FOR_RESHARD: &str = "WaitingForReshard";
 pub const SHARD_SET_NOT_FOUND: &str = "ShardSetNotFound";
+pub const TIER_ASSIGNMENTS_SYNCED: &str = "TierAssignmentsSynced";
+pub const INVALID_TIER_ASSIGNMENTS: &str = "InvalidTierAssignments";
+pub const TIER_CONFIG_MAP_NOT_FOUND: &str = "TierConfigMapNotFound";
+pub const TIER_CONFIG_MAP_NOT_ALLOWED: &str = "TierConfigMapNotAllowed";

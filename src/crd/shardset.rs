@@ -376,6 +376,37 @@ pub struct SchedulerSpec {
     /// lease after a change.
     #[serde(default, skip_serializing_if = "RateLimitsSpec::is_empty")]
     pub rate_limits: RateLimitsSpec,
+
+    /// Tenants' tiers in bulk, from a ConfigMap in the set's namespace: one
+    /// `<tenant> <tier>` line each (`#` comments and blank lines ignored),
+    /// up to 100,000. Synced into Redis at each reconcile when the
+    /// ConfigMap changed, all or nothing: a bad line keeps the last good
+    /// assignments and says which line in an Event and in status. The
+    /// controller reads only the ConfigMap names its RBAC allows (chart
+    /// value `controller.tierConfigMapNames`). Unset: the ConfigMap's
+    /// assignments are dropped (the admin API's stay).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tier_assignments: Option<TierAssignmentsSpec>,
+}
+
+/// Where `scheduler.tierAssignments` are read from.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct TierAssignmentsSpec {
+    /// ConfigMap name, in the set's namespace.
+    #[schemars(
+        length(min = 1, max = 253),
+        regex(pattern = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+    )]
+    pub config_map_name: String,
+    /// Key of the ConfigMap's data holding the lines.
+    #[serde(default = "default_tiers_key")]
+    #[schemars(length(min = 1, max = 253), regex(pattern = r"^[-._a-zA-Z0-9]+$"))]
+    pub key: String,
+}
+
+fn default_tiers_key() -> String {
+    "tiers".to_string()
 }
 
 /// Delivery rate limits (see `scheduler.rateLimits`).
@@ -487,6 +518,7 @@ impl Default for SchedulerSpec {
             tier_weights: Vec::new(),
             ordering: Ordering::None,
             rate_limits: RateLimitsSpec::default(),
+            tier_assignments: None,
         }
     }
 }
@@ -968,6 +1000,28 @@ pub struct ShardSetStatus {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(max = 64))]
     pub redis_epoch: Option<String>,
+
+    /// The tier assignments read from `scheduler.tierAssignments`' ConfigMap.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tier_assignments: Option<TierAssignmentsStatus>,
+}
+
+/// What the controller synced from the tier ConfigMap.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct TierAssignmentsStatus {
+    /// The ConfigMap named in the spec.
+    pub config_map: String,
+    /// The ConfigMap whose assignments are in force, as
+    /// `<name>/<resourceVersion>` (none: nothing has been synced yet).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub synced: Option<String>,
+    /// Tenants assigned a tier by the assignments in force.
+    pub tenants: i64,
+    /// Why the ConfigMap as it is now is not in force (not found, not
+    /// allowed, a bad line); the last good assignments stay meanwhile.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
 }
 
 /// A tenant shaped at ingest.

@@ -41,6 +41,16 @@ pub type Assignment = (String, Option<String>);
 pub struct BadLine {
     pub line: usize,
     pub reason: String,
+    /// The rule the line breaks, without any of its content: what a
+    /// message may say to someone who may not read the text itself.
+    pub rule: &'static str,
+}
+
+impl BadLine {
+    /// `line N: <rule>`, quoting nothing from the line.
+    pub fn redacted(&self) -> String {
+        format!("line {}: {}", self.line, self.rule)
+    }
 }
 
 impl std::fmt::Display for BadLine {
@@ -74,6 +84,7 @@ pub fn parse_assignments(
             bad.push(BadLine {
                 line: n,
                 reason: format!("expected `<tenant> <tier>`, got {:?}", clip(line)),
+                rule: "expected `<tenant> <tier>`",
             });
             continue;
         };
@@ -81,6 +92,7 @@ pub fn parse_assignments(
             bad.push(BadLine {
                 line: n,
                 reason: format!("tenant {:?}: {r}", clip(tenant)),
+                rule: "not a valid tenant id",
             });
             continue;
         }
@@ -90,6 +102,7 @@ pub fn parse_assignments(
             bad.push(BadLine {
                 line: n,
                 reason: format!("tier {:?}: {r}", clip(tier)),
+                rule: "not a valid tier name (a letter or digit, then up to 62 letters, digits, '.', '_' or '-')",
             });
             continue;
         } else {
@@ -99,6 +112,7 @@ pub fn parse_assignments(
             bad.push(BadLine {
                 line: n,
                 reason: format!("more than {max} assignments; split the list"),
+                rule: "past the most assignments one list may hold",
             });
             break;
         }
@@ -168,6 +182,20 @@ mod tests {
         let (good, bad) = parse_assignments("d -\n", true, 100, tenant_ok);
         assert_eq!(good, vec![("d".to_string(), None)]);
         assert!(bad.is_empty());
+    }
+
+    #[test]
+    fn a_redacted_bad_line_quotes_nothing_of_the_text() {
+        let text = "s3cr3t-customer-name gold extra\nevil\u{202e}name gold\nok =hidden-tier\n";
+        let (_, bad) = parse_assignments(text, false, 100, tenant_ok);
+        assert_eq!(bad.len(), 3);
+        for b in &bad {
+            let r = b.redacted();
+            for secret in ["s3cr3t", "evil", "hidden"] {
+                assert!(!r.contains(secret), "{r}");
+            }
+            assert!(r.starts_with(&format!("line {}: ", b.line)), "{r}");
+        }
     }
 
     #[test]

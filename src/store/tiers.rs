@@ -167,6 +167,18 @@ impl Store {
         })
     }
 
+    /// The source (`<ConfigMap>/<resourceVersion>`) last synced into the
+    /// ConfigMap hash, and how many tenants that hash holds.
+    pub async fn config_tiers_state(&self) -> Result<(Option<String>, u64)> {
+        let mut conn = self.conn.clone();
+        let state: (Option<String>, u64) = redis::pipe()
+            .get(keys::tiers_synced(&self.set))
+            .hlen(keys::tiers(&self.set))
+            .query_async(&mut conn)
+            .await?;
+        Ok(state)
+    }
+
     /// Drop the ConfigMap hash and its sync record (the set no longer names
     /// a ConfigMap): UNLINK frees it off Redis's main thread. False if there
     /// was nothing to drop.

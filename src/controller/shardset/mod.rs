@@ -5,6 +5,7 @@ mod finalize;
 #[cfg(test)]
 pub(crate) mod mock_tests;
 mod redis;
+mod tiers;
 
 pub use finalize::{finalize_step, Finalize, FINALIZER};
 

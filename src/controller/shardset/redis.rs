@@ -244,5 +244,6 @@ pub(super) async fn sync_redis(
         .get_or_create(&set_labels(set))
         .set(set.spec.shards as i64);
     view.settings = store.redis_settings().await.map_err(|e| e.to_string());
+    view.tiers = super::tiers::sync_tiers(set, ctx, store).await;
     Ok(view)
 }
