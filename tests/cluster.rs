@@ -101,6 +101,11 @@ async fn integrity_dead_letters_per_tenant_bounded_and_replayed() {
 }
 
 #[tokio::test]
+async fn a_moved_tenant_keeps_its_tier_across_slots() {
+    support::dataplane::a_moved_tenant_keeps_its_tier_on_its_new_queue(&shared().url).await;
+}
+
+#[tokio::test]
 async fn pause_hold_and_moved_work_across_slots() {
     support::dataplane::paused_tenant_is_held_and_moved_tenant_answers_moved(&shared().url).await;
 }

@@ -655,6 +655,14 @@ async fn per_tenant_order_blocks_only_the_failing_tenant() {
 }
 
 #[tokio::test]
+async fn a_moved_tenant_keeps_its_tier_on_its_new_queue() {
+    support::dataplane::a_moved_tenant_keeps_its_tier_on_its_new_queue(
+        &support::redis::shared().url,
+    )
+    .await;
+}
+
+#[tokio::test]
 async fn paused_tenant_is_held_and_moved_tenant_answers_moved() {
     support::dataplane::paused_tenant_is_held_and_moved_tenant_answers_moved(
         &support::redis::shared().url,

@@ -3,6 +3,7 @@
 //! moving its hold buffer; and the gate by which lane moves and reshards of
 //! one set take turns (gate.lua).
 
+use super::keys;
 use super::library::Func;
 use super::reply::{
     claims_delta_reply, claims_periods_reply, claims_scan_reply, export_hold_reply,
@@ -142,6 +143,15 @@ impl Store {
     /// duplicates. Returns the count appended to `to`.
     pub async fn move_hold(&self, from: QueueId, to: QueueId, tenant: &str) -> Result<u64> {
         let mut appended = 0;
+        // The tier goes with the backlog (the source's state stays until
+        // the tenant's move ends, so a repeated move reads it again).
+        let mut conn = self.conn.clone();
+        let tier: Option<String> = redis::cmd("HGET")
+            .arg(keys::tenant(&self.queue_prefix(from), tenant))
+            .arg("tr")
+            .query_async(&mut conn)
+            .await?;
+        let tier = tier.unwrap_or_default();
         loop {
             let v = self
                 .run(
@@ -154,8 +164,11 @@ impl Store {
             if rows.is_empty() {
                 return Ok(appended);
             }
-            let mut import: Vec<Vec<u8>> =
-                vec![tenant.as_bytes().to_vec(), from.to_string().into_bytes()];
+            let mut import: Vec<Vec<u8>> = vec![
+                tenant.as_bytes().to_vec(),
+                from.to_string().into_bytes(),
+                tier.as_bytes().to_vec(),
+            ];
             let mut ids: Vec<Vec<u8>> = vec![tenant.as_bytes().to_vec()];
             for row in rows {
                 ids.push(row[0].clone());

@@ -1,24 +1,28 @@
 -- Helpers (common.lua): num, now_ms, tkey, lane, ekey, activate, dead_letter
--- ARGV: tenant, source queue, then id, seq (in the source), attempts, payload,
--- enqueued_ms, endpoint per envelope. Appends envelopes moved from the
+-- ARGV: tenant, source queue, the tenant's tier in the source ('' none),
+-- then id, seq (in the source), attempts, payload, enqueued_ms, endpoint per
+-- envelope. Appends envelopes moved from the
 -- source queue's hold buffer to this lane, in order. Idempotent: the tenant
 -- remembers the source and the last source sequence number it imported
 -- (isrc, isq), and an envelope at or below it is skipped, so a move that
 -- died between import and trim can be repeated. (Not by id: the tenant's id
 -- claims travel before the move, see claims.lua, so every id is known here.)
 -- An envelope whose record was gone in the source is dead-lettered here.
+-- The tier comes along, so the moved backlog is weighed by its tier before
+-- the tenant's next event says it again, unless this queue already has one
+-- (an event accepted here since the repin said a newer one).
 -- Returns the count appended.
-local t, src = ARGV[1], ARGV[2]
-if (#ARGV - 2) % 6 ~= 0 or #ARGV > 2 + 6 * 1000 then
-  return redis.error_reply('import: tenant, source, then six fields per envelope (at most 1000)')
+local t, src, tier = ARGV[1], ARGV[2], ARGV[3]
+if (#ARGV - 3) % 6 ~= 0 or #ARGV > 3 + 6 * 1000 then
+  return redis.error_reply('import: tenant, source, tier, then six fields per envelope (at most 1000)')
 end
 local tk = tkey(t)
-local st = redis.call('HMGET', tk, 'isrc', 'isq', 'n', 'ko')
+local st = redis.call('HMGET', tk, 'isrc', 'isq', 'n', 'ko', 'tr')
 local last = (st[1] == src) and num(st[2], -1) or -1
 local now = now_ms()
 local n, dead, top = 0, 0, last
 local ids = {}
-for i = 3, #ARGV, 6 do
+for i = 4, #ARGV, 6 do
   local id, sseq = ARGV[i], tonumber(ARGV[i + 1])
   if sseq == nil then
     dead = dead + 1
@@ -36,6 +40,7 @@ if n > 0 then redis.call('RPUSH', lane(t), unpack(ids)) end
 if n > 0 or dead > 0 then
   redis.call('HSET', tk, 'isrc', src, 'isq', top, 'n', num(st[3], 0) + n, 'ko', num(st[4], 0) + dead)
   redis.call('SADD', P .. ':tenants', t)
+  if tier ~= '' and not st[5] then redis.call('HSET', tk, 'tr', tier) end
 end
 activate(t)
 return n

@@ -229,3 +229,69 @@ pub async fn relocation_keeps_order_under_continuous_enqueue(url: &str) {
         "lost, duplicated or reordered across the move"
     );
 }
+
+/// A moved tenant's backlog is weighed by its tier on its new queue before
+/// its next event says the tier again; a tier the new queue heard since the
+/// repin (newer) is kept.
+pub async fn a_moved_tenant_keeps_its_tier_on_its_new_queue(url: &str) {
+    use lanekeeper::store::{TenantTerms, TierUpdate};
+    let s = store(url, QueuePolicy::default()).await;
+    let lane = QueueId::Lane(0);
+    s.configure_queue(lane, &QueuePolicy::default())
+        .await
+        .unwrap();
+    let tiered = |tier: Option<&str>| {
+        let tier = tier.map_or(TierUpdate::Keep, |t| TierUpdate::Set(t.into()));
+        move |_: &str| TenantTerms {
+            backlog_limit: None,
+            tier: tier.clone(),
+        }
+    };
+    let tier_in = |q: QueueId, t: &'static str| {
+        let key = lanekeeper::store::keys::tenant(&s.queue_prefix(q), t);
+        let cmd = redis::cmd("HGET").arg(key).arg("tr").clone();
+        async move {
+            match lanekeeper::store::cluster_nodes(url) {
+                Some(nodes) => {
+                    let client = redis::cluster::ClusterClient::new(nodes.unwrap()).unwrap();
+                    let mut c = client.get_async_connection().await.unwrap();
+                    cmd.query_async::<Option<String>>(&mut c).await.unwrap()
+                }
+                None => {
+                    let client = redis::Client::open(url).unwrap();
+                    let mut c = client.get_multiplexed_async_connection().await.unwrap();
+                    cmd.query_async::<Option<String>>(&mut c).await.unwrap()
+                }
+            }
+        }
+    };
+    for (t, since_repin, want) in [
+        ("gold-co", None, "gold"),
+        ("promo-co", Some("silver"), "silver"),
+    ] {
+        let one = |seq| vec![env(t, seq)];
+        let r = s
+            .enqueue_batch_routed(Q, &one(0), tiered(Some("gold")), 0)
+            .await
+            .unwrap();
+        assert!(matches!(r[0], Ok(EnqueueOutcome::Queued { .. })), "{r:?}");
+        let l = lease(&s, Q).await.unwrap();
+        s.ack(&l, Duration::from_millis(1)).await.unwrap();
+        s.pause(Q, t).await.unwrap();
+        let r = s
+            .enqueue_batch_routed(Q, &one(1), tiered(Some("gold")), 0)
+            .await
+            .unwrap();
+        assert!(matches!(r[0], Ok(EnqueueOutcome::Held { .. })), "{r:?}");
+        s.pause(lane, t).await.unwrap();
+        assert!(s.mark_moved(Q, t, lane).await.unwrap());
+        let r = s
+            .enqueue_batch_routed(lane, &one(2), tiered(since_repin), 0)
+            .await
+            .unwrap();
+        assert!(matches!(r[0], Ok(EnqueueOutcome::Held { .. })), "{r:?}");
+        assert_eq!(s.move_hold(Q, lane, t).await.unwrap(), 1);
+        assert_eq!(s.resume(lane, t).await.unwrap(), 1);
+        assert_eq!(tier_in(lane, t).await.as_deref(), Some(want), "{t}");
+    }
+}
