@@ -82,6 +82,15 @@ enum Command {
     /// `tiers get TENANT` prints the tier in force and where it comes from.
     Tiers(cli::tiers::TiersArgs),
 
+    /// Act on one tenant in an incident: pause, resume, show.
+    ///
+    /// `tenant pause TENANT` stops its deliveries (ingest keeps accepting,
+    /// within its backlog limit; a move keeps it paused), `tenant resume
+    /// TENANT` restarts them in order, `tenant show TENANT` prints where it
+    /// lives, what it holds and its latest audit entries. Each change is
+    /// recorded in the set's audit trail, as the ingest admin API's are.
+    Tenant(cli::tenant::TenantArgs),
+
     /// Compare FIFO, hashed shards, fair scheduling and dedicated lanes on a
     /// tenant mix, before touching production (needs --redis).
     ///
@@ -102,6 +111,7 @@ fn main() -> ExitCode {
         Command::Route(args) => cli::block_on(cli::route::run(args)),
         Command::Top(args) => cli::block_on(cli::top::run(args)),
         Command::Tiers(args) => cli::block_on(cli::tiers::run(args)),
+        Command::Tenant(args) => cli::block_on(cli::tenant::run(args)),
         Command::IngestKey(args) => cli::ingest_key::run(args),
         Command::Worker(args) => cli::serve(|stop| cli::worker::run(*args, stop)),
         Command::Ingest(args) => cli::serve(|stop| cli::ingest::run(*args, stop)),

@@ -195,6 +195,14 @@ pub struct IngestTenantLabels {
     pub tenant: String,
 }
 
+/// An admin operation on a tenant: which (`pause`, `resume`) and how it
+/// ended (`changed`, `unchanged`, `failed`): a fixed label set.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct AdminOperationLabels {
+    pub operation: String,
+    pub outcome: String,
+}
+
 /// Tenants the ingest's per-tenant series name before the rest are `other`.
 pub const INGEST_TENANT_LABEL_CAP: usize = 100;
 
@@ -207,6 +215,8 @@ pub struct IngestMetrics {
     pub envelopes: Family<EnvelopeLabels, Counter>,
     /// Envelopes refused because their tenant is shaped at ingest.
     pub shaped: Family<IngestTenantLabels, Counter>,
+    /// Admin operations on tenants (each also a log line and an audit entry).
+    pub admin_operations: Family<AdminOperationLabels, Counter>,
     tenants: TenantLabeler,
 }
 
@@ -225,6 +235,7 @@ impl Default for IngestMetrics {
             Family::new_with_constructor(duration_histogram);
         let envelopes = Family::<EnvelopeLabels, Counter>::default();
         let shaped = Family::<IngestTenantLabels, Counter>::default();
+        let admin_operations = Family::<AdminOperationLabels, Counter>::default();
         registry.register(
             "lanekeeper_ingest_requests",
             "Ingest API requests by route and status code",
@@ -245,12 +256,18 @@ impl Default for IngestMetrics {
             "Envelopes refused with 429 because their tenant is shaped at ingest (promotion.atCap: ShapeAtIngest), per tenant (capped; the rest are tenant=\"other\")",
             shaped.clone(),
         );
+        registry.register(
+            "lanekeeper_ingest_admin_operations",
+            "Admin operations on tenants by operation (pause, resume) and outcome (changed, unchanged, failed); each is also logged and recorded in the set's audit trail",
+            admin_operations.clone(),
+        );
         Self {
             registry: Arc::new(registry),
             requests,
             request_duration,
             envelopes,
             shaped,
+            admin_operations,
             tenants: TenantLabeler::new(INGEST_TENANT_LABEL_CAP),
         }
     }

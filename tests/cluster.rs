@@ -106,6 +106,14 @@ async fn a_moved_tenant_keeps_its_tier_across_slots() {
 }
 
 #[tokio::test]
+async fn a_user_pause_travels_across_slots_and_the_newer_operation_wins() {
+    support::dataplane::a_user_pause_travels_with_a_move_and_the_newer_operation_wins(
+        &shared().url,
+    )
+    .await;
+}
+
+#[tokio::test]
 async fn pause_hold_and_moved_work_across_slots() {
     support::dataplane::paused_tenant_is_held_and_moved_tenant_answers_moved(&shared().url).await;
 }

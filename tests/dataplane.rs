@@ -663,6 +663,22 @@ async fn a_moved_tenant_keeps_its_tier_on_its_new_queue() {
 }
 
 #[tokio::test]
+async fn a_user_paused_tenant_waits_in_order_while_the_others_flow() {
+    support::dataplane::a_user_paused_tenant_waits_in_order_while_the_others_flow(
+        &support::redis::shared().url,
+    )
+    .await;
+}
+
+#[tokio::test]
+async fn a_user_pause_travels_with_a_move_and_the_newer_operation_wins() {
+    support::dataplane::a_user_pause_travels_with_a_move_and_the_newer_operation_wins(
+        &support::redis::shared().url,
+    )
+    .await;
+}
+
+#[tokio::test]
 async fn paused_tenant_is_held_and_moved_tenant_answers_moved() {
     support::dataplane::paused_tenant_is_held_and_moved_tenant_answers_moved(
         &support::redis::shared().url,
@@ -1449,4 +1465,264 @@ async fn shaping_survives_hostile_state() {
     if let Some(ms) = shaped_ms(&o[0]) {
         assert!(ms <= 3_600_000, "{ms}");
     }
+}
+
+/// The longest Redis call (us) since `since_s` (unix seconds) whose
+/// arguments name `needle` (a queue prefix), from SLOWLOG.
+async fn slowest_call_naming(
+    conn: &mut redis::aio::MultiplexedConnection,
+    needle: &str,
+    since_s: u64,
+) -> i64 {
+    let log: Vec<redis::Value> = redis::cmd("SLOWLOG")
+        .arg("GET")
+        .arg(4096)
+        .query_async(conn)
+        .await
+        .unwrap();
+    let mut worst = 0;
+    for entry in log {
+        let redis::Value::Array(e) = entry else {
+            continue;
+        };
+        let (
+            Some(redis::Value::Int(at)),
+            Some(redis::Value::Int(us)),
+            Some(redis::Value::Array(args)),
+        ) = (e.get(1), e.get(2), e.get(3))
+        else {
+            continue;
+        };
+        let ours = args
+            .iter()
+            .any(|a| matches!(a, redis::Value::BulkString(b) if b == needle.as_bytes()));
+        if ours && *at as u64 >= since_s {
+            worst = worst.max(*us);
+        }
+    }
+    worst
+}
+
+async fn slowlog_from_1ms(conn: &mut redis::aio::MultiplexedConnection) -> u64 {
+    let _: () = redis::cmd("CONFIG")
+        .arg("SET")
+        .arg("slowlog-log-slower-than")
+        .arg(1000)
+        .arg("slowlog-max-len")
+        .arg(4096)
+        .query_async(conn)
+        .await
+        .unwrap();
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs()
+        - 1
+}
+
+/// Issue 21: purge 100,000 queued envelopes of one tenant to its dead
+/// letters, replay all 100,000 back in order, then drop them: no Redis call
+/// of it takes 10 ms, the other tenant is served throughout, and each step
+/// is in the audit trail.
+#[tokio::test]
+async fn purge_and_replay_of_100000_envelopes_keep_every_redis_call_under_10ms() {
+    use lanekeeper::store::{PurgeMode, ReplayPlan};
+    let s = store(QueuePolicy::default()).await;
+    s.set_shards(1).await.unwrap();
+    fill(&s, Q, "flood", 100_000).await;
+    fill(&s, Q, "small", 3).await;
+    let mut conn = raw_conn().await;
+    let since = slowlog_from_1ms(&mut conn).await;
+    let prefix = s.queue_prefix(Q);
+
+    let started = Instant::now();
+    let o = s
+        .purge_audited(
+            "flood",
+            PurgeMode::DeadLetter,
+            "test:ops",
+            Some("runaway import"),
+        )
+        .await
+        .unwrap();
+    let purge_took = started.elapsed();
+    assert_eq!((o.purged, o.in_flight, o.delayed), (100_000, 0, 0), "{o:?}");
+    let st = s.tenant_state(Q, "flood").await.unwrap();
+    assert_eq!((st.queued, st.depth), (0, 0), "{st:?}");
+    let dl: u64 = redis::cmd("XLEN")
+        .arg(lanekeeper::store::keys::dead_letters(&prefix, "flood"))
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(dl, 100_000);
+    let page = s.dead_letters(Q, "flood", None, 2).await.unwrap();
+    assert_eq!(page.letters[0].cause, "purged");
+    assert_eq!(page.letters[0].id, "flood-0");
+    let l = lease(&s, Q).await.unwrap();
+    assert_eq!(l.tenant, "small", "the other tenant is served");
+    s.ack(&l, Duration::from_millis(1)).await.unwrap();
+
+    let started = Instant::now();
+    let r = s
+        .replay_audited("flood", &ReplayPlan::default(), "test:ops", None)
+        .await
+        .unwrap();
+    let replay_took = started.elapsed();
+    assert_eq!(
+        (r.replayed, r.examined, r.next.as_deref()),
+        (100_000, 100_000, None),
+        "{r:?}"
+    );
+    // oldest first: the lane holds them in their original order
+    let lane = lanekeeper::store::keys::lane(&prefix, "flood");
+    for from in (0..100_000).step_by(10_000) {
+        let ids: Vec<String> = redis::cmd("LRANGE")
+            .arg(&lane)
+            .arg(from)
+            .arg(from + 9_999)
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        let want: Vec<String> = (from..from + 10_000)
+            .map(|i| format!("flood-{i}"))
+            .collect();
+        assert_eq!(ids, want, "order from {from}");
+    }
+    assert_eq!(s.tenant_state(Q, "flood").await.unwrap().depth, 100_000);
+
+    let started = Instant::now();
+    let d = s
+        .purge_audited("flood", PurgeMode::Drop, "test:ops", None)
+        .await
+        .unwrap();
+    let drop_took = started.elapsed();
+    assert_eq!(d.purged, 100_000);
+    let dl: u64 = redis::cmd("XLEN")
+        .arg(lanekeeper::store::keys::dead_letters(&prefix, "flood"))
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(
+        dl, 0,
+        "replayed letters left the stream, dropped ones never entered it"
+    );
+    let worst = slowest_call_naming(&mut conn, &prefix, since).await;
+    let audit = s.audit_entries(Some("flood"), 10).await.unwrap();
+    let ops: Vec<&str> = audit.iter().map(|e| e.operation.as_str()).collect();
+    assert_eq!(ops, vec!["purge", "replay", "purge"]);
+    assert!(
+        audit[2].outcome.contains("reason: runaway import"),
+        "{:?}",
+        audit[2]
+    );
+    eprintln!(
+        "100000 envelopes: purged to dead letters in {purge_took:?}, replayed in {replay_took:?}, dropped in {drop_took:?}; slowest Redis call of the queue {worst} us (0: none over 1 ms)"
+    );
+    assert!(worst < 10_000, "a Redis call took {worst} us");
+}
+
+/// A replay takes the letters of a time range or of one endpoint only, and
+/// holds its rate; a purge while the tenant moves is refused, changing nothing.
+#[tokio::test]
+async fn replay_filters_by_time_and_endpoint_and_holds_its_rate() {
+    use lanekeeper::store::{PurgeMode, ReplayFilter, ReplayPlan};
+    let s = store(QueuePolicy::default()).await;
+    s.set_shards(1).await.unwrap();
+    let to = |ep: &str, i: u64| Envelope {
+        endpoint: Some(ep.to_string()),
+        id: format!("{ep}-{i}"),
+        ..env("acme", i)
+    };
+    let batch = |ep: &'static str, from: u64, n: u64| {
+        (from..from + n).map(move |i| to(ep, i)).collect::<Vec<_>>()
+    };
+    for e in batch("a", 0, 10).into_iter().chain(batch("b", 100, 10)) {
+        s.enqueue(Q, &e).await.unwrap();
+    }
+    s.purge_tenant("acme", PurgeMode::DeadLetter).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    let t2 = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as u64;
+    for e in batch("a", 200, 300) {
+        s.enqueue(Q, &e).await.unwrap();
+    }
+    s.purge_tenant("acme", PurgeMode::DeadLetter).await.unwrap();
+
+    // until before t2, to endpoint b: the ten of b
+    let plan = ReplayPlan {
+        filter: ReplayFilter {
+            until_ms: Some(t2 - 1),
+            endpoint: Some("b".into()),
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    let r = s.replay_tenant("acme", &plan).await.unwrap();
+    assert_eq!((r.replayed, r.examined), (10, 20), "{r:?}");
+    let got: Vec<u64> = support::dataplane::drain_order(&s, Q)
+        .await
+        .into_iter()
+        .map(|x| x.1)
+        .collect();
+    assert_eq!(got, (100..110).collect::<Vec<_>>());
+
+    // since t2, at 100/s: the 300, in order, at the rate
+    let plan = ReplayPlan {
+        filter: ReplayFilter {
+            since_ms: Some(t2),
+            ..Default::default()
+        },
+        max_per_second: Some(100.0),
+        ..Default::default()
+    };
+    let started = Instant::now();
+    let r = s.replay_tenant("acme", &plan).await.unwrap();
+    let took = started.elapsed();
+    assert_eq!(r.replayed, 300, "{r:?}");
+    let rate = 300.0 / took.as_secs_f64();
+    eprintln!("replayed 300 at a limit of 100/s in {took:?}: {rate:.1}/s");
+    assert!((85.0..=115.0).contains(&rate), "{rate:.1}/s");
+    let got: Vec<u64> = support::dataplane::drain_order(&s, Q)
+        .await
+        .into_iter()
+        .map(|x| x.1)
+        .collect();
+    assert_eq!(got, (200..500).collect::<Vec<_>>());
+
+    // what is left: the ten of a before t2
+    let r = s
+        .replay_tenant("acme", &ReplayPlan::default())
+        .await
+        .unwrap();
+    assert_eq!(r.replayed, 10);
+
+    // a budget stops with a cursor, and the cursor goes on
+    s.purge_tenant("acme", PurgeMode::DeadLetter).await.unwrap();
+    let plan = ReplayPlan {
+        max_per_second: Some(20.0),
+        budget: Some(Duration::from_millis(150)),
+        ..Default::default()
+    };
+    let first = s.replay_tenant("acme", &plan).await.unwrap();
+    assert!(first.next.is_some() && first.replayed < 10, "{first:?}");
+    let rest = s
+        .replay_tenant(
+            "acme",
+            &ReplayPlan {
+                after: first.next.clone(),
+                ..Default::default()
+            },
+        )
+        .await
+        .unwrap();
+    assert_eq!(first.replayed + rest.replayed, 10, "{first:?} {rest:?}");
+
+    // a purge while the tenant is being moved is refused, nothing changes
+    s.pause(Q, "acme").await.unwrap();
+    let before = s.tenant_state(Q, "acme").await.unwrap();
+    let err = s.purge_tenant("acme", PurgeMode::Drop).await.unwrap_err();
+    assert!(matches!(err, StoreError::TenantMoving(_)), "{err}");
+    assert_eq!(s.tenant_state(Q, "acme").await.unwrap(), before);
 }

@@ -1586,3 +1586,303 @@ async fn the_tiers_cli_applies_a_file_of_40000_all_or_nothing_and_ingest_sees_it
     let out = tiers_cli(&set, &["apply", "--file", "/nonexistent/tiers.txt"], None);
     assert!(String::from_utf8_lossy(&out.stderr).contains("/nonexistent/tiers.txt"));
 }
+
+/// The admin pause routes (issue 21): a tenant key is refused, a bad tenant
+/// or reason is refused naming the field with nothing done, a pause stops
+/// leases while events are still accepted, show and stats say so, each
+/// change is counted, logged and in the audit trail under the key's name,
+/// and a resume serves the tenant again in order.
+#[tokio::test]
+async fn admin_keys_pause_show_and_resume_a_tenant_audited() {
+    let a = api(Config::default()).await;
+    a.endpoint("acme", "default", &[]).await;
+    let op = |key: String, path: String, body: Option<Value>| {
+        let a = &a;
+        async move {
+            let (s, v, _) = a.call(reqwest::Method::POST, &path, Some(&key), body).await;
+            (s, v)
+        }
+    };
+    for key in [&a.acme, &a.globex] {
+        let (s, v) = op(key.clone(), "/v1/admin/tenants/acme/pause".into(), None).await;
+        assert_eq!(
+            (s, v["code"].as_str()),
+            (StatusCode::FORBIDDEN, Some("forbidden")),
+            "{v}"
+        );
+        let (s, _, _) = a
+            .call(
+                reqwest::Method::GET,
+                "/v1/admin/tenants/acme",
+                Some(key),
+                None,
+            )
+            .await;
+        assert_eq!(s, StatusCode::FORBIDDEN);
+    }
+    let (s, v) = op(
+        a.admin.clone(),
+        "/v1/admin/tenants/bad%20tenant/pause".into(),
+        None,
+    )
+    .await;
+    assert_eq!(
+        (s, v["field"].as_str()),
+        (StatusCode::BAD_REQUEST, Some("tenant")),
+        "{v}"
+    );
+    let long = "x".repeat(300);
+    for (reason, why) in [
+        (long.as_str(), "300 bytes"),
+        ("two\nlines", "control character"),
+    ] {
+        let (s, v) = op(
+            a.admin.clone(),
+            "/v1/admin/tenants/acme/pause".into(),
+            Some(json!({ "reason": reason })),
+        )
+        .await;
+        assert_eq!(
+            (s, v["field"].as_str()),
+            (StatusCode::BAD_REQUEST, Some("reason")),
+            "{why}: {v}"
+        );
+    }
+    let (s, v) = op(
+        a.admin.clone(),
+        "/v1/admin/tenants/acme/pause".into(),
+        Some(json!({ "reasn": "typo" })),
+    )
+    .await;
+    assert_eq!(s, StatusCode::BAD_REQUEST, "unknown field: {v}");
+    let q = a.queue_of("acme").await;
+    assert!(
+        !a.store.tenant_state(q, "acme").await.unwrap().user_paused,
+        "nothing was done by a refused call"
+    );
+
+    let (s, v) = op(
+        a.admin.clone(),
+        "/v1/admin/tenants/acme/pause".into(),
+        Some(json!({ "reason": "endpoint down" })),
+    )
+    .await;
+    assert_eq!(s, StatusCode::OK, "{v}");
+    assert_eq!(
+        (v["paused"].as_bool(), v["changed"].as_bool()),
+        (Some(true), Some(true)),
+        "{v}"
+    );
+    assert_eq!(v["queue"], q.to_string());
+    // Accepted while paused, not leased.
+    for i in 0..3 {
+        let (s, v) = a
+            .post(
+                &a.acme,
+                json!({"tenant": "acme", "id": format!("p{i}"), "payload": {"seq": i}}),
+            )
+            .await;
+        assert_eq!(s, StatusCode::ACCEPTED, "{v}");
+    }
+    assert!(matches!(
+        a.store
+            .lease(q, "w", Duration::from_secs(30))
+            .await
+            .unwrap(),
+        lanekeeper::store::LeaseOutcome::Empty { .. }
+    ));
+    let (s, v, _) = a
+        .call(
+            reqwest::Method::GET,
+            "/v1/admin/tenants/acme",
+            Some(&a.admin),
+            None,
+        )
+        .await;
+    assert_eq!(s, StatusCode::OK, "{v}");
+    assert_eq!(
+        (v["paused"].as_bool(), v["queued"].as_u64()),
+        (Some(true), Some(3)),
+        "{v}"
+    );
+    assert_eq!(v["audit"][0]["who"], "key:ops");
+    assert_eq!(v["audit"][0]["operation"], "pause");
+    let outcome = v["audit"][0]["outcome"].as_str().unwrap();
+    assert!(
+        outcome.contains("endpoint down") && outcome.contains(&q.to_string()),
+        "{outcome}"
+    );
+    let (_, v, _) = a
+        .call(
+            reqwest::Method::GET,
+            "/v1/tenants/acme/stats",
+            Some(&a.acme),
+            None,
+        )
+        .await;
+    assert_eq!(v["userPaused"], true, "{v}");
+
+    let (s, v) = op(a.admin.clone(), "/v1/admin/tenants/acme/pause".into(), None).await;
+    assert_eq!(
+        (s, v["changed"].as_bool()),
+        (StatusCode::OK, Some(false)),
+        "{v}"
+    );
+    let (s, v) = op(
+        a.admin.clone(),
+        "/v1/admin/tenants/acme/resume".into(),
+        None,
+    )
+    .await;
+    assert_eq!(
+        (s, v["paused"].as_bool(), v["changed"].as_bool()),
+        (StatusCode::OK, Some(false), Some(true)),
+        "{v}"
+    );
+    let mut seqs = Vec::new();
+    while let lanekeeper::store::LeaseOutcome::Leased(l) = a
+        .store
+        .lease(q, "w", Duration::from_secs(30))
+        .await
+        .unwrap()
+    {
+        seqs.push(l.envelope().unwrap().payload["seq"].as_u64().unwrap());
+        a.store.ack(&l, Duration::from_millis(1)).await.unwrap();
+    }
+    assert_eq!(seqs, vec![0, 1, 2]);
+
+    let audit = a.store.audit_entries(Some("acme"), 10).await.unwrap();
+    let ops: Vec<&str> = audit.iter().map(|e| e.operation.as_str()).collect();
+    assert_eq!(
+        ops,
+        vec!["resume", "pause", "pause"],
+        "refused calls are not recorded"
+    );
+    let (_, v, _) = a.call(reqwest::Method::GET, "/metrics", None, None).await;
+    let text = v.as_str().unwrap();
+    for line in [
+        r#"lanekeeper_ingest_admin_operations_total{operation="pause",outcome="changed"} 1"#,
+        r#"lanekeeper_ingest_admin_operations_total{operation="pause",outcome="unchanged"} 1"#,
+        r#"lanekeeper_ingest_admin_operations_total{operation="resume",outcome="changed"} 1"#,
+    ] {
+        assert!(text.contains(line), "{line} missing: {text}");
+    }
+}
+
+/// Purge and replay through the admin API: a tenant key is refused, bad
+/// fields are named, a purge dead-letters the backlog (or drops it), a
+/// replay brings it back in order, a purge mid-move is 409 and changes
+/// nothing, and each is audited.
+#[tokio::test]
+async fn admin_purge_and_replay_name_bad_fields_refuse_mid_move_and_are_audited() {
+    let a = api(Config::default()).await;
+    a.endpoint("acme", "default", &[]).await;
+    for i in 0..20 {
+        let (s, v) = a
+            .post(
+                &a.acme,
+                json!({"tenant": "acme", "id": format!("e{i}"), "payload": {"seq": i}}),
+            )
+            .await;
+        assert_eq!(s, StatusCode::ACCEPTED, "{v}");
+    }
+    let op = |key: String, what: &'static str, body: Option<Value>| {
+        let a = &a;
+        async move {
+            let (s, v, _) = a
+                .call(
+                    reqwest::Method::POST,
+                    &format!("/v1/admin/tenants/acme/{what}"),
+                    Some(&key),
+                    body,
+                )
+                .await;
+            (s, v)
+        }
+    };
+    let (s, _) = op(a.acme.clone(), "purge", None).await;
+    assert_eq!(s, StatusCode::FORBIDDEN);
+    let (s, v) = op(a.admin.clone(), "purge", Some(json!({"mode": "shred"}))).await;
+    assert_eq!(s, StatusCode::BAD_REQUEST, "{v}");
+    for (body, field) in [
+        (json!({"maxPerSecond": 0}), "maxPerSecond"),
+        (json!({"maxPerSecond": -5}), "maxPerSecond"),
+        (json!({"sinceMs": 10, "untilMs": 5}), "untilMs"),
+        (json!({"endpoint": "no/such"}), "endpoint"),
+        (json!({"cursor": "not-a-cursor"}), "cursor"),
+    ] {
+        let (s, v) = op(a.admin.clone(), "replay", Some(body.clone())).await;
+        assert_eq!(
+            (s, v["field"].as_str()),
+            (StatusCode::BAD_REQUEST, Some(field)),
+            "{body}: {v}"
+        );
+    }
+    let q = a.queue_of("acme").await;
+    assert_eq!(
+        a.store.tenant_state(q, "acme").await.unwrap().queued,
+        20,
+        "nothing done yet"
+    );
+
+    let (s, v) = op(a.admin.clone(), "purge", None).await;
+    assert_eq!(s, StatusCode::OK, "{v}");
+    assert_eq!(
+        (v["mode"].as_str(), v["purged"].as_u64()),
+        (Some("deadLetter"), Some(20)),
+        "{v}"
+    );
+    let (s, v) = op(
+        a.admin.clone(),
+        "replay",
+        Some(json!({"maxPerSecond": 1000, "reason": "fixed"})),
+    )
+    .await;
+    assert_eq!(s, StatusCode::OK, "{v}");
+    assert_eq!(
+        (v["replayed"].as_u64(), v["nextCursor"].as_str()),
+        (Some(20), None),
+        "{v}"
+    );
+    let mut seqs = Vec::new();
+    while let lanekeeper::store::LeaseOutcome::Leased(l) = a
+        .store
+        .lease(q, "w", Duration::from_secs(30))
+        .await
+        .unwrap()
+    {
+        seqs.push(l.envelope().unwrap().payload["seq"].as_u64().unwrap());
+        if seqs.len() == 5 {
+            break;
+        }
+    }
+    assert_eq!(seqs, vec![0, 1, 2, 3, 4], "replayed in order");
+
+    // mid-move: refused, nothing changes
+    a.store.pause(q, "acme").await.unwrap();
+    let (s, v) = op(a.admin.clone(), "purge", Some(json!({"mode": "drop"}))).await;
+    assert_eq!(
+        (s, v["code"].as_str()),
+        (StatusCode::CONFLICT, Some("moving")),
+        "{v}"
+    );
+    assert_eq!(a.store.tenant_state(q, "acme").await.unwrap().queued, 15);
+    a.store.resume(q, "acme").await.unwrap();
+    let (s, v) = op(a.admin.clone(), "purge", Some(json!({"mode": "drop"}))).await;
+    assert_eq!(
+        (s, v["purged"].as_u64(), v["inFlight"].as_u64()),
+        (StatusCode::OK, Some(15), Some(5)),
+        "{v}"
+    );
+
+    let audit = a.store.audit_entries(Some("acme"), 10).await.unwrap();
+    let ops: Vec<(&str, &str)> = audit
+        .iter()
+        .map(|e| (e.operation.as_str(), e.outcome.as_str()))
+        .collect();
+    assert_eq!(ops.len(), 4, "{ops:?}");
+    assert!(ops[0].1.starts_with("dropped 15"), "{ops:?}");
+    assert!(ops[1].1.starts_with("failed: tenant moving"), "{ops:?}");
+    assert!(ops[2].1.contains("reason: fixed"), "{ops:?}");
+    assert!(ops[3].1.starts_with("dead-lettered 20"), "{ops:?}");
+}

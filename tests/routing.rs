@@ -189,9 +189,14 @@ async fn top_prints_depth_and_capacity_shares() {
     let text = lanekeeper(&["top", "--redis", &redis.url, "--shard-set", "routing/top"]);
     eprintln!("{text}");
     let lines: Vec<&str> = text.lines().collect();
-    assert!(lines[0]
-        .split_whitespace()
-        .eq(["QUEUE", "TENANT", "DEPTH", "DEPTH%", "CAPACITY%"]));
+    assert!(lines[0].split_whitespace().eq([
+        "QUEUE",
+        "TENANT",
+        "DEPTH",
+        "DEPTH%",
+        "CAPACITY%",
+        "STATE"
+    ]));
     let big: Vec<&str> = lines
         .iter()
         .find(|l| l.contains("bigimport"))
@@ -214,4 +219,47 @@ async fn top_prints_depth_and_capacity_shares() {
         pct(big[4]) > pct(reset[4]),
         "the import's endpoint is slower: it owns more capacity"
     );
+    assert_eq!(big.len(), 5, "nobody is paused yet: {big:?}");
+
+    // A user's pause shows in top (even past --limit), in show, and in the
+    // audit trail; a resume clears it.
+    let target = ["--redis", redis.url.as_str(), "--shard-set", "routing/top"];
+    let args = |cmd: &[&'static str], extra: &[&str]| -> Vec<String> {
+        cmd.iter()
+            .map(|s| s.to_string())
+            .chain(target.iter().map(|s| s.to_string()))
+            .chain(extra.iter().map(|s| s.to_string()))
+            .collect()
+    };
+    let run = |v: Vec<String>| lanekeeper(&v.iter().map(String::as_str).collect::<Vec<_>>());
+    let said = run(args(
+        &["tenant", "pause"],
+        &["reset", "--reason", "customer endpoint down"],
+    ));
+    assert!(said.starts_with("reset: paused in shard-00"), "{said}");
+    let said = run(args(&["tenant", "pause"], &["reset"]));
+    assert!(said.starts_with("reset: already paused"), "{said}");
+    let text = run(args(&["top"], &["--limit", "1"]));
+    eprintln!("{text}");
+    let row = text.lines().find(|l| l.contains("reset")).unwrap();
+    assert!(row.trim_end().ends_with("paused"), "{row}");
+    let shown: serde_json::Value =
+        serde_json::from_str(&run(args(&["tenant", "show"], &["reset", "-o", "json"]))).unwrap();
+    assert_eq!(shown["paused"], true);
+    assert_eq!(shown["queue"], "shard-00");
+    assert_eq!(shown["audit"][0]["operation"], "pause");
+    assert!(shown["audit"][0]["who"]
+        .as_str()
+        .unwrap()
+        .starts_with("cli:"));
+    let outcome = shown["audit"][1]["outcome"].as_str().unwrap();
+    assert!(
+        outcome.contains("reason: customer endpoint down"),
+        "{outcome}"
+    );
+    let said = run(args(&["tenant", "resume"], &["reset"]));
+    assert!(said.starts_with("reset: resumed in shard-00"), "{said}");
+    let text = run(args(&["top"], &[]));
+    let row = text.lines().find(|l| l.contains("reset")).unwrap();
+    assert!(!row.contains("paused"), "{row}");
 }

@@ -12,6 +12,7 @@ pub mod redis;
 pub mod route;
 pub mod shutdown;
 pub mod simulate;
+pub mod tenant;
 pub mod tiers;
 pub mod top;
 pub mod worker;

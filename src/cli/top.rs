@@ -36,14 +36,21 @@ pub async fn run(args: TopArgs) -> anyhow::Result<()> {
     queues.sort();
     queues.dedup();
     println!(
-        "{:<10} {:<32} {:>10} {:>8} {:>10}",
+        "{:<10} {:<32} {:>10} {:>8} {:>10}  STATE",
         "QUEUE", "TENANT", "DEPTH", "DEPTH%", "CAPACITY%"
     );
     for q in queues {
         let stats = store.tenant_stats(q, window).await?;
+        let paused = store.user_paused(q).await?;
         let depth: u64 = stats.iter().map(|s| s.depth).sum();
         let secs: f64 = stats.iter().map(|s| s.worker_seconds).sum();
-        for s in stats.iter().take(limit) {
+        // The top `limit`, and every tenant a user paused (so a pause is
+        // never out of sight).
+        let shown = stats
+            .iter()
+            .enumerate()
+            .filter(|(i, s)| *i < limit || paused.binary_search(&s.tenant).is_ok());
+        for (_, s) in shown {
             let pct = |part: f64, whole: f64| {
                 if whole > 0.0 {
                     100.0 * part / whole
@@ -52,12 +59,17 @@ pub async fn run(args: TopArgs) -> anyhow::Result<()> {
                 }
             };
             println!(
-                "{:<10} {:<32} {:>10} {:>7.1}% {:>9.1}%",
+                "{:<10} {:<32} {:>10} {:>7.1}% {:>9.1}%  {}",
                 q.to_string(),
                 s.tenant,
                 s.depth,
                 pct(s.depth as f64, depth as f64),
-                pct(s.worker_seconds, secs)
+                pct(s.worker_seconds, secs),
+                if paused.binary_search(&s.tenant).is_ok() {
+                    "paused"
+                } else {
+                    ""
+                }
             );
         }
     }

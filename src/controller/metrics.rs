@@ -83,6 +83,7 @@ type FloatGauge = Gauge<f64, std::sync::atomic::AtomicU64>;
 #[derive(Default)]
 struct Published {
     shares: Vec<TenantShareLabels>,
+    paused: Vec<TenantShareLabels>,
     lanes: Vec<LaneLabels>,
     lane_conditions: Vec<LaneConditionLabels>,
 }
@@ -101,6 +102,8 @@ pub struct ControllerMetrics {
     pub skew_ratio: Family<SetLabels, FloatGauge>,
     pub conditions: Family<ConditionLabels, Gauge>,
     pub tenant_share: Family<TenantShareLabels, FloatGauge>,
+    pub tenant_paused: Family<TenantShareLabels, Gauge>,
+    pub tenants_paused: Family<SetLabels, Gauge>,
     pub lane_phase: Family<LaneLabels, Gauge>,
     pub lane_conditions: Family<LaneConditionLabels, Gauge>,
     pub reshard_moves: Family<SetLabels, Counter>,
@@ -150,6 +153,18 @@ impl Default for ControllerMetrics {
         let tenant_share = Family::<TenantShareLabels, FloatGauge>::default();
         let lane_phase = Family::<LaneLabels, Gauge>::default();
         let lane_conditions = Family::<LaneConditionLabels, Gauge>::default();
+        let tenant_paused = Family::<TenantShareLabels, Gauge>::default();
+        let tenants_paused = Family::<SetLabels, Gauge>::default();
+        registry.register(
+            "lanekeeper_tenant_paused",
+            "1 for each tenant a user paused (status.pausedTenants: at most 64 per ShardSet)",
+            tenant_paused.clone(),
+        );
+        registry.register(
+            "lanekeeper_tenants_paused",
+            "Tenants a user paused per ShardSet, all queues (status.tenantsPaused)",
+            tenants_paused.clone(),
+        );
         registry.register(
             "lanekeeper_lanes_max",
             "Dedicated lane cap per ShardSet (spec.promotion.maxLanes)",
@@ -205,6 +220,8 @@ impl Default for ControllerMetrics {
             skew_ratio,
             conditions,
             tenant_share,
+            tenant_paused,
+            tenants_paused,
             lane_phase,
             lane_conditions,
             reshard_moves,
@@ -306,12 +323,33 @@ impl ControllerMetrics {
                 labels
             })
             .collect();
+        let paused: Vec<TenantShareLabels> = st
+            .paused_tenants
+            .iter()
+            .map(|t| {
+                let labels = TenantShareLabels {
+                    namespace: namespace.to_string(),
+                    shard_set: set.to_string(),
+                    queue: t.queue.clone(),
+                    tenant: t.tenant.clone(),
+                };
+                self.tenant_paused.get_or_create(&labels).set(1);
+                labels
+            })
+            .collect();
+        self.tenants_paused
+            .get_or_create(&key)
+            .set(st.tenants_paused.unwrap_or(0) as i64);
         let mut published = self.published.lock().unwrap_or_else(|e| e.into_inner());
         let entry = published.entry(key).or_default();
         for gone in entry.shares.iter().filter(|l| !shares.contains(l)) {
             self.tenant_share.remove(gone);
         }
         entry.shares = shares;
+        for gone in entry.paused.iter().filter(|l| !paused.contains(l)) {
+            self.tenant_paused.remove(gone);
+        }
+        entry.paused = paused;
     }
 
     /// Export each DedicatedLane of a ShardSet: its phase (1 for the current
@@ -405,9 +443,28 @@ mod tests {
         );
         st.top_tenants.clear();
         st.skew_ratio = None;
+        st.paused_tenants = vec![crate::crd::PausedTenant {
+            tenant: "flaky".into(),
+            queue: "shard-02".into(),
+        }];
+        st.tenants_paused = Some(1);
         m.record_status("prod", "hooks", &st);
         let text = m.encode();
         assert!(!text.contains("tenant=\"whale\""), "{text}");
+        assert!(text.contains(r#"lanekeeper_tenant_paused{namespace="prod",shard_set="hooks",queue="shard-02",tenant="flaky"} 1"#), "{text}");
+        assert!(
+            text.contains(r#"lanekeeper_tenants_paused{namespace="prod",shard_set="hooks"} 1"#),
+            "{text}"
+        );
+        st.paused_tenants.clear();
+        st.tenants_paused = None;
+        m.record_status("prod", "hooks", &st);
+        let text = m.encode();
+        assert!(!text.contains("flaky"), "{text}");
+        assert!(
+            text.contains(r#"lanekeeper_tenants_paused{namespace="prod",shard_set="hooks"} 0"#),
+            "{text}"
+        );
         assert!(!text.contains("lanekeeper_skew_ratio{"), "{text}");
 
         let lane = LaneView {

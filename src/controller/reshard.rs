@@ -483,6 +483,7 @@ mod tests {
             paused,
             moved_to: None,
             depth: queued + in_flight,
+            user_paused: false,
         }
     }
 

@@ -23,6 +23,8 @@ pub struct RedisView {
     pub epoch: Option<String>,
     /// What the tier ConfigMap sync shows.
     pub tiers: Option<crate::crd::TierAssignmentsStatus>,
+    /// Tenants a user paused, by queue.
+    pub paused: Vec<(QueueId, String)>,
 }
 
 impl Default for RedisView {
@@ -33,6 +35,7 @@ impl Default for RedisView {
             restored: None,
             epoch: None,
             tiers: None,
+            paused: Vec::new(),
         }
     }
 }
@@ -465,8 +468,33 @@ pub fn compute(
             Ok(view) => view.tiers.clone(),
             Err(_) => prev.tier_assignments.clone(),
         },
+        paused_tenants: match redis {
+            Ok(view) => paused_tenants(&view.paused),
+            Err(_) => prev.paused_tenants.clone(),
+        },
+        tenants_paused: match redis {
+            Ok(view) => (!view.paused.is_empty()).then_some(view.paused.len() as i32),
+            Err(_) => prev.tenants_paused,
+        },
     }
 }
+
+/// The first [`MAX_PAUSED_LISTED`] paused tenants by name. Pure.
+pub fn paused_tenants(paused: &[(QueueId, String)]) -> Vec<crate::crd::PausedTenant> {
+    let mut out: Vec<crate::crd::PausedTenant> = paused
+        .iter()
+        .map(|(q, t)| crate::crd::PausedTenant {
+            tenant: t.clone(),
+            queue: q.to_string(),
+        })
+        .collect();
+    out.sort_by(|a, b| a.tenant.cmp(&b.tenant).then(a.queue.cmp(&b.queue)));
+    out.truncate(MAX_PAUSED_LISTED);
+    out
+}
+
+/// Paused tenants `status.pausedTenants` lists (its CRD bound).
+pub const MAX_PAUSED_LISTED: usize = 64;
 
 /// `RedisNotPersistent`, `RedisChecked` and `RedisStateLost`, from what
 /// Redis said; while Redis is unreachable, the last ones stand.

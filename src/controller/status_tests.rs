@@ -44,6 +44,20 @@ fn skew_and_top_tenants() {
     assert_eq!((whale.queue.as_str(), whale.share), ("shard-00", 0.9));
 }
 
+#[test]
+fn paused_tenants_are_listed_by_name_up_to_the_bound() {
+    let paused: Vec<(QueueId, String)> = (0..100)
+        .rev()
+        .map(|i| (QueueId::Shard(i % 3), format!("t{i:03}")))
+        .collect();
+    let listed = paused_tenants(&paused);
+    assert_eq!(listed.len(), MAX_PAUSED_LISTED);
+    assert_eq!(listed[0].tenant, "t000");
+    assert_eq!(listed[0].queue, "shard-00");
+    assert_eq!(listed[63].tenant, "t063");
+    assert!(paused_tenants(&[]).is_empty());
+}
+
 fn a_set() -> ShardSet {
     serde_yaml::from_str(
             "apiVersion: lanekeeper.io/v1alpha1\nkind: ShardSet\nmetadata: {name: s, namespace: n}\nspec: {shards: 1, redis: {url: \"redis://r\"}, worker: {image: i}}\n",

@@ -989,6 +989,17 @@ pub struct ShardSetStatus {
     #[schemars(length(max = 64))]
     pub shaped_tenants: Vec<ShapedTenant>,
 
+    /// Tenants a user paused (`lanekeeper tenant pause`, the ingest admin
+    /// API): their deliveries wait until resumed. At most 64 are listed,
+    /// by name; `tenantsPaused` counts them all.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 64))]
+    pub paused_tenants: Vec<PausedTenant>,
+
+    /// How many tenants a user paused, all queues.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tenants_paused: Option<i32>,
+
     /// Progress of a shard-count change, while one runs.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub resharding: Option<ReshardProgress>,
@@ -1022,6 +1033,16 @@ pub struct TierAssignmentsStatus {
     /// allowed, a bad line); the last good assignments stay meanwhile.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub message: Option<String>,
+}
+
+/// A tenant a user paused.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct PausedTenant {
+    /// Tenant id.
+    pub tenant: String,
+    /// Queue it is paused in (`shard-07`, `lane-3`).
+    pub queue: String,
 }
 
 /// A tenant shaped at ingest.

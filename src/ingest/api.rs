@@ -9,6 +9,7 @@ use axum::routing::{get, MethodFilter, MethodRouter};
 use axum::{Json, Router};
 use utoipa::OpenApi;
 
+use super::admin::*;
 use super::error::ApiError;
 use super::events::*;
 use super::metrics::record;
@@ -56,6 +57,11 @@ operations!(
     get_tier,
     delete_tier,
     post_tiers,
+    pause_tenant,
+    resume_tenant,
+    purge_tenant,
+    replay_tenant,
+    show_tenant,
 );
 
 /// Every operation of the document: `(method, its filter, path, operation id)`.
@@ -270,6 +276,11 @@ mod tests {
             ("get", "/v1/admin/tiers/{tenant}"),
             ("delete", "/v1/admin/tiers/{tenant}"),
             ("post", "/v1/admin/tiers"),
+            ("post", "/v1/admin/tenants/{tenant}/pause"),
+            ("post", "/v1/admin/tenants/{tenant}/resume"),
+            ("post", "/v1/admin/tenants/{tenant}/purge"),
+            ("post", "/v1/admin/tenants/{tenant}/replay"),
+            ("get", "/v1/admin/tenants/{tenant}"),
         ];
         want.sort();
         assert_eq!(served, want);

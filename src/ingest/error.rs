@@ -173,6 +173,9 @@ impl ApiError {
                 Self::field(StatusCode::BAD_REQUEST, &field("cursor"), e.to_string())
             }
             e @ StoreError::RoutingMissing(_) => Self::unavailable(e.to_string()),
+            e @ StoreError::TenantMoving(_) => {
+                Self::new(StatusCode::CONFLICT, "moving", None, e.to_string())
+            }
             e => Self::unavailable(format!("redis: {e}")),
         }
     }

@@ -13,6 +13,7 @@
 //! extractors), `events`, `tenants`, `tiers` (the admin tier assignments),
 //! `api`, `metrics`, `serve`.
 
+mod admin;
 mod api;
 pub mod auth;
 mod config;
@@ -106,12 +107,21 @@ impl Ingest {
         &self,
         f: impl std::future::Future<Output = Result<T, StoreError>>,
     ) -> Result<T, ApiError> {
-        match tokio::time::timeout(self.inner.config.redis_timeout, f).await {
+        self.redis_within(self.inner.config.redis_timeout, f).await
+    }
+
+    /// [`Ingest::redis`] for work of many Redis calls (an admin purge or
+    /// replay in bounded steps): the whole of it within `timeout`.
+    async fn redis_within<T>(
+        &self,
+        timeout: std::time::Duration,
+        f: impl std::future::Future<Output = Result<T, StoreError>>,
+    ) -> Result<T, ApiError> {
+        match tokio::time::timeout(timeout, f).await {
             Ok(Ok(v)) => Ok(v),
             Ok(r) => r.map_err(ApiError::from),
             Err(_) => Err(ApiError::unavailable(format!(
-                "redis did not answer within {:?}",
-                self.inner.config.redis_timeout
+                "redis did not answer within {timeout:?}"
             ))),
         }
     }

@@ -58,9 +58,12 @@ pub(super) async fn read_body(
         return r;
     }
     let limit = match matched.as_ref().map(|m| m.as_str()) {
-        Some("/v1/tenants/{tenant}/endpoints/{endpoint}") | Some("/v1/admin/tiers/{tenant}") => {
-            MAX_ENDPOINT_BODY_BYTES
-        }
+        Some("/v1/tenants/{tenant}/endpoints/{endpoint}")
+        | Some("/v1/admin/tiers/{tenant}")
+        | Some("/v1/admin/tenants/{tenant}/pause")
+        | Some("/v1/admin/tenants/{tenant}/resume")
+        | Some("/v1/admin/tenants/{tenant}/purge")
+        | Some("/v1/admin/tenants/{tenant}/replay") => MAX_ENDPOINT_BODY_BYTES,
         Some("/v1/admin/tiers") => MAX_TIERS_BODY_BYTES.min(config.max_body_bytes),
         Some("/v1/tenants/{tenant}/dead-letters:replay") => {
             MAX_REPLAY_BODY_BYTES.min(config.max_body_bytes)

@@ -11,7 +11,7 @@ use axum::Json;
 
 use super::auth::Tenant;
 use super::config::{MAX_ENDPOINT_BODY_BYTES, MAX_EVENT_TYPE_BYTES};
-use super::error::{clip, ApiError};
+use super::error::ApiError;
 use super::wire::{
     body, parse, DeadLetterOut, DeadLettersOut, DeadQuery, EndpointIn, EndpointOut, ErrorBody,
     ReplayIn, ReplayOut, StatsOut, StatsQuery,
@@ -179,19 +179,7 @@ fn validate_endpoint_name(name: &str) -> Result<(), ApiError> {
 
 /// What is wrong with an endpoint name, if anything.
 pub(super) fn check_endpoint_name(name: &str) -> Result<(), String> {
-    let ok = !name.is_empty()
-        && name.len() <= 64
-        && name
-            .chars()
-            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'));
-    if ok {
-        Ok(())
-    } else {
-        Err(format!(
-            "{:?}: use 1 to 64 letters, digits, '-', '_' or '.'",
-            clip(name.to_string(), 80)
-        ))
-    }
+    crate::endpoint::check_name(name)
 }
 
 /// What is wrong with an event type, if anything.
@@ -366,6 +354,7 @@ pub(super) async fn stats(
         delayed: a.state.delayed,
         held: a.state.held,
         paused: a.state.paused,
+        user_paused: a.state.user_paused,
         delivered: a.delivered,
         failed: a.failed,
         oldest_wait_ms: a.oldest_wait().map(|d| d.as_millis() as u64),

@@ -213,6 +213,142 @@ pub struct TiersOut {
     pub cleared: u64,
 }
 
+/// Why an operator pauses or resumes a tenant (optional; recorded in the
+/// audit trail).
+#[derive(Clone, Debug, Default, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct PauseIn {
+    /// One line, at most 256 bytes.
+    #[serde(default)]
+    pub reason: Option<String>,
+}
+
+/// What a pause or resume did.
+#[derive(Clone, Debug, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct PauseOut {
+    pub tenant: String,
+    /// The queue the tenant lives in, where it was set.
+    pub queue: String,
+    /// Paused by a user now: its deliveries wait (ingest keeps accepting).
+    pub paused: bool,
+    /// False when it already was in that state.
+    pub changed: bool,
+    /// Its envelopes outstanding in that queue.
+    pub depth: u64,
+}
+
+/// Where a purge puts the tenant's queued envelopes.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub enum PurgeModeIn {
+    /// To its dead letters, cause `purged` (they can be replayed).
+    #[default]
+    DeadLetter,
+    /// Deleted, counted.
+    Drop,
+}
+
+/// A purge.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct PurgeIn {
+    /// Default `deadLetter`.
+    #[serde(default)]
+    pub mode: PurgeModeIn,
+    /// One line, at most 256 bytes (recorded in the audit trail).
+    #[serde(default)]
+    pub reason: Option<String>,
+}
+
+/// What a purge did.
+#[derive(Clone, Debug, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct PurgeOut {
+    pub tenant: String,
+    pub queue: String,
+    pub mode: PurgeModeIn,
+    /// Envelopes taken from its lane (what was queued when the call began).
+    pub purged: u64,
+    /// Left to finish: in flight, and waiting to retry (a retry comes back
+    /// to the lane when due; purge again to take it).
+    pub in_flight: u64,
+    pub delayed: u64,
+}
+
+/// A replay of a tenant's dead letters, oldest first.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct AdminReplayIn {
+    /// Only letters dead-lettered at or after this time (ms since the epoch).
+    #[serde(default)]
+    pub since_ms: Option<u64>,
+    /// Only letters dead-lettered at or before this time (ms since the epoch).
+    #[serde(default)]
+    pub until_ms: Option<u64>,
+    /// Only letters to this endpoint.
+    #[serde(default)]
+    pub endpoint: Option<String>,
+    /// Letters per second at most (default: as fast as bounded steps go).
+    #[serde(default)]
+    pub max_per_second: Option<f64>,
+    /// Go on from the `nextCursor` of the call before.
+    #[serde(default)]
+    pub cursor: Option<String>,
+    /// One line, at most 256 bytes (recorded in the audit trail).
+    #[serde(default)]
+    pub reason: Option<String>,
+}
+
+/// What a replay call did. One call works for at most 10 s; `nextCursor`
+/// says where the next call goes on.
+#[derive(Clone, Debug, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct AdminReplayOut {
+    pub tenant: String,
+    pub queue: String,
+    pub replayed: u64,
+    pub examined: u64,
+    /// Null when the replay is done.
+    pub next_cursor: Option<String>,
+}
+
+/// One entry of the set's audit trail.
+#[derive(Clone, Debug, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct AuditOut {
+    /// When, ms since the epoch.
+    pub at_ms: u64,
+    /// `key:<api key name>` or `cli:<user>`.
+    pub who: String,
+    pub operation: String,
+    pub outcome: String,
+}
+
+/// One tenant where it lives.
+#[derive(Clone, Debug, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct TenantOut {
+    pub tenant: String,
+    /// The queue routing sends it to now.
+    pub queue: String,
+    /// Its hash shard (differs from `queue` while a lane or a move pins it).
+    pub hash_shard: String,
+    /// Paused by a user.
+    pub paused: bool,
+    /// Paused by a move (a lane or a reshard): its new events are held.
+    pub moving: bool,
+    pub moved_to: Option<String>,
+    pub depth: u64,
+    pub queued: u64,
+    pub in_flight: u64,
+    pub delayed: u64,
+    pub held: u64,
+    pub dead_letters: u64,
+    /// Its latest audit entries, newest first (at most 10).
+    pub audit: Vec<AuditOut>,
+}
+
 /// A tenant's state in its queue.
 #[derive(Clone, Debug, Serialize, Deserialize, ToSchema)]
 #[serde(rename_all = "camelCase")]
@@ -225,7 +361,10 @@ pub struct StatsOut {
     pub in_flight: u64,
     pub delayed: u64,
     pub held: u64,
+    /// Paused by a move (a lane or a reshard): its new events are held.
     pub paused: bool,
+    /// Paused by a user (`lanekeeper tenant pause`): its deliveries wait.
+    pub user_paused: bool,
     pub delivered: u64,
     pub failed: u64,
     /// How long the oldest queued envelope has waited, ms.

@@ -102,10 +102,36 @@ impl Store {
         page: usize,
         ids: &[String],
     ) -> Result<std::result::Result<ReplayPage, QueueId>> {
+        self.replay_dead_page_filtered(q, tenant, after, page, ids, &ReplayFilter::default())
+            .await
+    }
+
+    /// [`Store::replay_dead_page`] of only the letters `filter` takes: dead
+    /// since and until a time, to one endpoint. The page still examines at
+    /// most `page` letters, those of the time range only.
+    pub async fn replay_dead_page_filtered(
+        &self,
+        q: QueueId,
+        tenant: &str,
+        after: Option<&str>,
+        page: usize,
+        ids: &[String],
+        filter: &ReplayFilter,
+    ) -> Result<std::result::Result<ReplayPage, QueueId>> {
         let page = page.clamp(1, DEAD_LETTER_PAGE).to_string();
         let cursor = after.unwrap_or("-");
         check_stream_cursor(cursor)?;
-        let mut args: Vec<&[u8]> = vec![tenant.as_bytes(), cursor.as_bytes(), page.as_bytes()];
+        let ms = |x: Option<u64>| x.map(|v| v.min(MAX_MS).to_string()).unwrap_or_default();
+        let (since, until) = (ms(filter.since_ms), ms(filter.until_ms));
+        let endpoint = filter.endpoint.as_deref().unwrap_or("");
+        let mut args: Vec<&[u8]> = vec![
+            tenant.as_bytes(),
+            cursor.as_bytes(),
+            page.as_bytes(),
+            since.as_bytes(),
+            until.as_bytes(),
+            endpoint.as_bytes(),
+        ];
         args.extend(ids.iter().map(|id| id.as_bytes()));
         replay_dead_reply(self.run(Func::ReplayDead, q, &args).await?)
     }
@@ -137,6 +163,20 @@ impl Store {
             }
         }
     }
+}
+
+/// The largest time a filter may name, ms (2^53 - 1: what a Lua number holds exactly).
+const MAX_MS: u64 = (1 << 53) - 1;
+
+/// Which dead letters a replay takes, besides by id.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ReplayFilter {
+    /// Dead-lettered at or after this time (ms since the epoch).
+    pub since_ms: Option<u64>,
+    /// Dead-lettered at or before this time (ms since the epoch).
+    pub until_ms: Option<u64>,
+    /// To this endpoint only.
+    pub endpoint: Option<String>,
 }
 
 /// One stream entry as XRANGE returns it: its id and its field-value pairs.

@@ -48,6 +48,18 @@ pub fn tiers_synced(set: &SetId) -> String {
     format!("lk:{{{}/{}}}:tiers:synced", set.namespace, set.name)
 }
 
+/// The version counter of user pause and resume operations:
+/// `lk:{<namespace>/<set>}:pausev` (a string, INCR; see user_pause.lua).
+pub fn pause_version(set: &SetId) -> String {
+    format!("lk:{{{}/{}}}:pausev", set.namespace, set.name)
+}
+
+/// The audit trail of operations on tenants (pause, resume, purge, replay):
+/// `lk:{<namespace>/<set>}:audit` (a stream, capped; see `store::operations`).
+pub fn audit(set: &SetId) -> String {
+    format!("lk:{{{}/{}}}:audit", set.namespace, set.name)
+}
+
 /// SCAN pattern of every key of the set's queues: `lk:{<namespace>/<set>/*`.
 pub fn set_queues_pattern(set: &SetId) -> String {
     format!("lk:{{{}/{}/*", set.namespace, set.name)
@@ -98,6 +110,11 @@ pub fn endpoint_bucket(prefix: &str, tenant: &str, endpoint: &str) -> String {
 /// Every tenant that has had work in the queue (`P:tenants`, a set).
 pub fn tenants(prefix: &str) -> String {
     format!("{prefix}:tenants")
+}
+
+/// Tenants a user paused in the queue (`P:paused`, a set).
+pub fn paused(prefix: &str) -> String {
+    format!("{prefix}:paused")
 }
 
 /// A tenant's state in the queue (`P:t:<tenant>`, a hash).
@@ -177,6 +194,9 @@ mod tests {
         assert_eq!(tiers(&set), "lk:{ns/web}:tiers");
         assert_eq!(tiers_api(&set), "lk:{ns/web}:tiers:api");
         assert_eq!(tiers_synced(&set), "lk:{ns/web}:tiers:synced");
+        assert_eq!(pause_version(&set), "lk:{ns/web}:pausev");
+        assert_eq!(audit(&set), "lk:{ns/web}:audit");
+        assert_eq!(paused(&p), format!("{p}:paused"));
         assert_eq!(slot_guard(&p), format!("{p}:~slotguard"));
         assert_eq!(envelope(&p, "acme", "x"), format!("{p}:e:4:acme:x"));
         assert_eq!(set_queues_pattern(&set), "lk:{ns/web/*");

@@ -30,10 +30,12 @@ pub(super) enum Func {
     Claims,
     RoutingUpdate,
     Gate,
+    UserPause,
+    Purge,
 }
 
 impl Func {
-    const ALL: [Func; 18] = [
+    const ALL: [Func; 20] = [
         Func::Enqueue,
         Func::Lease,
         Func::Ack,
@@ -52,6 +54,8 @@ impl Func {
         Func::Claims,
         Func::RoutingUpdate,
         Func::Gate,
+        Func::UserPause,
+        Func::Purge,
     ];
 
     /// The function's name within the library, and its Lua body.
@@ -75,6 +79,8 @@ impl Func {
             Func::Claims => ("claims", include_str!("lua/claims.lua")),
             Func::RoutingUpdate => ("routing_update", include_str!("lua/routing_update.lua")),
             Func::Gate => ("gate", include_str!("lua/gate.lua")),
+            Func::UserPause => ("user_pause", include_str!("lua/user_pause.lua")),
+            Func::Purge => ("purge", include_str!("lua/purge.lua")),
         }
     }
 

@@ -11,7 +11,8 @@
 //! scripts as one Functions library), `conn` (connections and calls), `url`,
 //! `reply` (reply types, one decoder per script reply), and the `impl Store`
 //! blocks by job: `queue`, `routing`, `relocation`, `stats`, `deadletters`,
-//! `endpoints`, `tiers`, `admin`, `durable`, `settings`.
+//! `endpoints`, `tiers`, `shaping`, `operations` (a user's operations on one
+//! tenant, and their audit trail), `admin`, `durable`, `settings`.
 //!
 //! Steps that span two queues (moving a hold buffer) are sequences of
 //! single-queue scripts, each idempotent, so a mover that dies halfway can
@@ -35,6 +36,7 @@ mod deadletters;
 mod durable;
 mod endpoints;
 mod library;
+mod operations;
 mod queue;
 mod relocation;
 mod reply;
@@ -49,8 +51,12 @@ pub mod keys;
 
 pub use cache::TtlCache;
 pub use conn::{ConnectOptions, RedisTls};
-pub use deadletters::{DEAD_LETTER_PAGE, REPLAY_PAGE};
+pub use deadletters::{ReplayFilter, DEAD_LETTER_PAGE, REPLAY_PAGE};
 pub use library::SLOT_GUARD;
+pub use operations::{
+    check_reason, AuditEntry, PauseOutcome, PurgeMode, PurgeOutcome, ReplayOutcome, ReplayPlan,
+    TenantView, AUDIT_MAX, MAX_REASON_BYTES, PURGE_PAGE,
+};
 pub use queue::{TenantTerms, TierUpdate, ENQUEUE_CHUNK};
 pub use reply::{
     Acked, BreakerChange, DeadLetter, DeadLetterPage, EnqueueOutcome, Failure, Lease, LeaseOutcome,
@@ -126,11 +132,31 @@ pub enum StoreError {
     NotReplicated { acked: u32, timeout: Duration },
     #[error("routing table missing for {0}: Redis holds no shard count for this ShardSet (it lost its state, or the controller has not written it yet); retry shortly")]
     RoutingMissing(SetId),
+    #[error("tenant {0:?} is being moved between queues (a lane or a reshard): try again once the move is over, in seconds")]
+    TenantMoving(String),
     #[error("unexpected reply from the {script} script: {detail}")]
     Protocol {
         script: &'static str,
         detail: String,
     },
+}
+
+impl StoreError {
+    /// What kind of failure, in a few words that carry nothing of the
+    /// request or the server (for audit records and metrics labels).
+    pub fn kind(&self) -> &'static str {
+        match self {
+            StoreError::Timeout(_) => "redis timeout",
+            StoreError::Redis(_) => "redis error",
+            StoreError::Invalid(_) | StoreError::InvalidEndpoint(_) | StoreError::InvalidCursor => {
+                "invalid input"
+            }
+            StoreError::NotReplicated { .. } => "not replicated",
+            StoreError::RoutingMissing(_) => "routing table missing",
+            StoreError::TenantMoving(_) => "tenant moving",
+            StoreError::Protocol { .. } => "unexpected reply",
+        }
+    }
 }
 
 impl From<redis::RedisError> for StoreError {

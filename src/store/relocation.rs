@@ -34,7 +34,8 @@ impl Store {
 
     /// Mark `tenant` as moved from `q` to `target`: enqueues into `q` answer
     /// MOVED from now on. Refused (returns false) unless the tenant is paused
-    /// and drained in `q`.
+    /// and drained in `q` ([`TenantQueueState::drained`]: a lane a user
+    /// paused is taken along, at the head of the hold buffer).
     ///
     /// The tenant's idempotency claims travel first: every id `q` claimed for
     /// it is copied to `target` (in bounded steps), and ids claimed while the
@@ -96,6 +97,8 @@ impl Store {
             match mark_moved_reply(v)? {
                 MarkMovedReply::Marked => return Ok(true),
                 MarkMovedReply::Busy => return Ok(false),
+                // bounded steps, each its own call, until the lane is over
+                MarkMovedReply::Merge => continue,
                 MarkMovedReply::Claims => {
                     let ids = claims_delta_reply(
                         self.run_owned(
@@ -143,15 +146,20 @@ impl Store {
     /// duplicates. Returns the count appended to `to`.
     pub async fn move_hold(&self, from: QueueId, to: QueueId, tenant: &str) -> Result<u64> {
         let mut appended = 0;
-        // The tier goes with the backlog (the source's state stays until
-        // the tenant's move ends, so a repeated move reads it again).
+        // The tier and a user's pause go with the backlog (the source's
+        // state stays until the tenant's move ends, so a repeated move
+        // reads it again).
         let mut conn = self.conn.clone();
-        let tier: Option<String> = redis::cmd("HGET")
-            .arg(keys::tenant(&self.queue_prefix(from), tenant))
-            .arg("tr")
-            .query_async(&mut conn)
-            .await?;
+        let (tier, paused, version): (Option<String>, Option<String>, Option<String>) =
+            redis::cmd("HMGET")
+                .arg(keys::tenant(&self.queue_prefix(from), tenant))
+                .arg(&["tr", "up", "upv"])
+                .query_async(&mut conn)
+                .await?;
         let tier = tier.unwrap_or_default();
+        let paused = paused.unwrap_or_else(|| "0".into());
+        let version = version.unwrap_or_else(|| "0".into());
+        let mut first = true;
         loop {
             let v = self
                 .run(
@@ -161,13 +169,19 @@ impl Store {
                 )
                 .await?;
             let rows = export_hold_reply(v)?;
-            if rows.is_empty() {
+            // An empty hold buffer is imported once all the same: the pause
+            // travels even with nothing queued.
+            if rows.is_empty() && !first {
                 return Ok(appended);
             }
+            first = false;
+            let last = rows.is_empty();
             let mut import: Vec<Vec<u8>> = vec![
                 tenant.as_bytes().to_vec(),
                 from.to_string().into_bytes(),
                 tier.as_bytes().to_vec(),
+                paused.as_bytes().to_vec(),
+                version.as_bytes().to_vec(),
             ];
             let mut ids: Vec<Vec<u8>> = vec![tenant.as_bytes().to_vec()];
             for row in rows {
@@ -177,6 +191,9 @@ impl Store {
             let import_refs: Vec<&[u8]> = import.iter().map(|v| v.as_slice()).collect();
             let v = self.run(Func::Import, to, &import_refs).await?;
             appended += import_reply(&v);
+            if last {
+                return Ok(appended);
+            }
             let id_refs: Vec<&[u8]> = ids.iter().map(|v| v.as_slice()).collect();
             self.run(Func::TrimHold, from, &id_refs).await?;
         }

@@ -203,12 +203,17 @@ pub struct TenantQueueState {
     pub paused: bool,
     pub moved_to: Option<QueueId>,
     pub depth: u64,
+    /// Paused by a user (`lanekeeper tenant pause`): leases skip it.
+    pub user_paused: bool,
 }
 
 impl TenantQueueState {
-    /// Nothing of the tenant is queued, in flight or waiting to retry here.
+    /// Ready to move: nothing of the tenant is in flight or waiting to
+    /// retry here, and nothing is queued, or what is queued waits for a
+    /// user's resume (the move takes it along in order: mark_moved.lua puts
+    /// it at the head of the hold buffer).
     pub fn drained(&self) -> bool {
-        self.queued == 0 && self.in_flight == 0 && self.delayed == 0
+        (self.queued == 0 || self.user_paused) && self.in_flight == 0 && self.delayed == 0
     }
 }
 
@@ -406,10 +411,10 @@ pub(super) fn maintain_reply(v: Value) -> Result<(u64, u64)> {
     ))
 }
 
-/// status.lua: `{queued, in_flight, delayed, held, paused, moved_to, depth}`.
+/// status.lua: `{queued, in_flight, delayed, held, paused, moved_to, depth, user_paused}`.
 pub(super) fn status_reply(v: Value) -> Result<TenantQueueState> {
     let items = array("status", v)?;
-    if items.len() != 7 {
+    if items.len() != 8 {
         return Err(unexpected("status", &items));
     }
     let moved = string(&items[5]);
@@ -425,6 +430,7 @@ pub(super) fn status_reply(v: Value) -> Result<TenantQueueState> {
             moved.parse().ok()
         },
         depth: int(&items[6]),
+        user_paused: int(&items[7]) == 1,
     })
 }
 
@@ -455,15 +461,18 @@ pub(super) enum MarkMovedReply {
     Busy,
     /// Ids claimed since the claims copy began are still to be copied.
     Claims,
+    /// A user-paused tenant's lane is moving to its hold buffer: call again.
+    Merge,
 }
 
-/// mark_moved.lua: `{'OK'} | {'BUSY'} | {'CLAIMS'}`.
+/// mark_moved.lua: `{'OK'} | {'BUSY'} | {'CLAIMS'} | {'MERGE'}`.
 pub(super) fn mark_moved_reply(v: Value) -> Result<MarkMovedReply> {
     let items = array("mark_moved", v)?;
     match tag(&items).as_deref() {
         Some("OK") => Ok(MarkMovedReply::Marked),
         Some("BUSY") => Ok(MarkMovedReply::Busy),
         Some("CLAIMS") => Ok(MarkMovedReply::Claims),
+        Some("MERGE") => Ok(MarkMovedReply::Merge),
         _ => Err(unexpected("mark_moved", &items)),
     }
 }
@@ -648,13 +657,14 @@ mod tests {
     }
 
     #[test]
-    fn a_status_reply_has_seven_fields() {
+    fn a_status_reply_has_eight_fields() {
         let mut fields = vec![1, 2, 3, 4, 1]
             .into_iter()
             .map(Value::Int)
             .collect::<Vec<_>>();
         fields.push(bulk(""));
         fields.push(Value::Int(10));
+        fields.push(Value::Int(0));
         let state = status_reply(Value::Array(fields.clone())).unwrap();
         assert_eq!(
             state,
@@ -665,7 +675,8 @@ mod tests {
                 held: 4,
                 paused: true,
                 moved_to: None,
-                depth: 10
+                depth: 10,
+                user_paused: false,
             }
         );
         fields.pop();

@@ -127,6 +127,7 @@ fn state(queued: u64, held: u64) -> TenantQueueState {
         paused: true,
         moved_to: None,
         depth: queued,
+        user_paused: false,
     }
 }
 

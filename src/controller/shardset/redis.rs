@@ -215,6 +215,9 @@ pub(super) async fn sync_redis(
             })
             .set(depth as i64);
         view.queues.push((q, stats));
+        for t in store.user_paused(q).await.map_err(|e| e.to_string())? {
+            view.paused.push((q, t));
+        }
     }
     // Lane queues: a series for each lane that has had a tenant (the lanes'
     // own reconciler configures them); none for a lane never used.
@@ -229,6 +232,9 @@ pub(super) async fn sync_redis(
             .tenant_stats(q, window)
             .await
             .map_err(|e| e.to_string())?;
+        for t in store.user_paused(q).await.map_err(|e| e.to_string())? {
+            view.paused.push((q, t));
+        }
         if stats.is_empty() {
             ctx.metrics.queue_depth.remove(&labels);
         } else {

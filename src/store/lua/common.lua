@@ -26,11 +26,15 @@
 --                           see P:pace:<tenant>),
 --                           tr tier name (absent: none; written by enqueue from what ingest resolved
 --                           in the set's lk:{ns/set}:tiers:api and lk:{ns/set}:tiers hashes),
---                           tk/tu its delivery token bucket (micro-tokens as of ms tu; absent: full).
+--                           tk/tu its delivery token bucket (micro-tokens as of ms tu; absent: full),
+--                           up paused by a user ('1': leases skip it, see user_pause.lua; distinct from
+--                           p, the relocation pause, and composed with it), upv the version of the
+--                           user operation that last set up (from lk:{ns/set}:pausev).
 --                           d, e and b are worker-time in whole microseconds, as are a lease's
 --                           charge and the worker-second buckets: integers are far cheaper for
 --                           Redis and Lua to format and parse than 17-digit fractions
 --   P:tenants         SET   every tenant that has had work here (for attribution)
+--   P:paused          SET   tenants paused by a user here (up = '1'), for listing
 --   P:q:<tenant>      LIST  the tenant's lane: envelope ids, head first
 --   P:h:<tenant>      LIST  hold buffer while paused
 --   P:e:<ref>         HASH  t tenant, s seq, a attempts (absent: 0), p payload, n enqueued ms,
@@ -414,11 +418,11 @@ local function push_active(t, front)
 end
 
 -- Put a tenant with queued work at the tail of the ring, unless it is on
--- the ring already, parked at its cap, or blocked.
+-- the ring already, parked at its cap, blocked, or paused by a user.
 local function activate(t)
   local tk = tkey(t)
-  local st = redis.call('HMGET', tk, 'r', 'k', 'bl')
-  if st[1] == '1' or st[2] == '1' or st[3] == '1' then return end
+  local st = redis.call('HMGET', tk, 'r', 'k', 'bl', 'up')
+  if st[1] == '1' or st[2] == '1' or st[3] == '1' or st[4] == '1' then return end
   if redis.call('LLEN', lane(t)) == 0 then return end
   push_active(t, false)
   redis.call('HSET', tk, 'r', 1)
@@ -431,8 +435,8 @@ end
 -- whale's turn; the interrupted turn resumes after it.
 local function activate_fresh(t)
   local tk = tkey(t)
-  local st = redis.call('HMGET', tk, 'r', 'k', 'd', 'bl', 'tr')
-  if st[1] == '1' or st[2] == '1' or st[4] == '1' then return end
+  local st = redis.call('HMGET', tk, 'r', 'k', 'd', 'bl', 'tr', 'up')
+  if st[1] == '1' or st[2] == '1' or st[4] == '1' or st[6] == '1' then return end
   local q = quantum(t, st[5] or nil)
   local d = num(st[3], 0) + q
   -- b: what the fresh turn may still charge; refunds at ack do not extend it
@@ -582,7 +586,7 @@ local OUTCOME_COUNTER = { delivered = 'ok', dead = 'ko', retry = 'w' }
 local function settle(t, charged, actual, now, free_slot, outcome)
   local tk = tkey(t)
   local counter = OUTCOME_COUNTER[outcome]
-  local st = redis.call('HMGET', tk, 'e', 'f', 'k', 'd', 'n', 'bw', 'bl', counter or 'e')
+  local st = redis.call('HMGET', tk, 'e', 'f', 'k', 'd', 'n', 'bw', 'bl', counter or 'e', 'up')
   local e, f = num(st[1], EST0), num(st[2], 0)
   -- only the fields that change are written
   local set = { 'e', math.floor(e + 0.3 * (actual - e) + 0.5), 'd', num(st[4], 0) + charged - actual }
@@ -597,12 +601,12 @@ local function settle(t, charged, actual, now, free_slot, outcome)
     if counter ~= 'w' then set[n + 1] = 'n'; set[n + 2] = math.max(num(st[5], 0) - 1, 0); n = n + 2 end
   end
   -- a tenant parked at its cap rejoins the ring's tail (unless a breaker
-  -- blocks it) in this same write. It was parked with work queued; should
+  -- blocks it or a user paused it) in this same write. It was parked with work queued; should
   -- its lane be empty now, its next turn finds that and takes it off.
   local rejoin = false
   if free_slot and st[3] == '1' and f < CAP then
     set[n + 1] = 'k'; set[n + 2] = '0'; n = n + 2
-    if st[7] ~= '1' then
+    if st[7] ~= '1' and st[9] ~= '1' then
       set[n + 1] = 'r'; set[n + 2] = '1'; n = n + 2
       rejoin = true
     end

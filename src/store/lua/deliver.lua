@@ -95,7 +95,9 @@ local function lease_next(lease_ms, token, budget, now)
       return { 'EMPTY', math.max(wait, 1) }
     end
     local tk = tkey(t)
-    local st = redis.call('HMGET', tk, 'd', 'f', 'e', 'bw', 'b', 'pz', 'tr', 'tk', 'tu')
+    local st = redis.call('HMGET', tk, 'd', 'f', 'e', 'bw', 'b', 'pz', 'tr', 'tk', 'tu', 'up')
+    -- paused by a user since it joined the ring (see the end of this step)
+    local upaused = st[10] == '1'
     local tr = st[7] or nil
     local d, f, e, b = num(st[1], 0), num(st[2], 0), num(st[3], EST0), num(st[5], 0)
     -- pz: the latest pause of any of the tenant's endpoints (0: none)
@@ -104,7 +106,7 @@ local function lease_next(lease_ms, token, budget, now)
       pace_clear(t)
       pz = 0
     end
-    local ready = d > 0 and f < CAP
+    local ready = d > 0 and f < CAP and not upaused
     -- the tenant's token bucket, checked with its credit and cap: out of
     -- tokens, it steps off the ring until the next one is due
     local lim = ready and RL_ANY and limit_of(t, tr)
@@ -136,7 +138,12 @@ local function lease_next(lease_ms, token, budget, now)
         if not paced and pass == true and limited then pass, ekk, elevel = endpoint_gate(t, ep, lim, now) end
       end
     end
-    if throttled then
+    if upaused then
+      -- it steps off the ring (lazily: a pause never scans the ring) and the
+      -- scan goes on; a resume puts it back (user_pause.lua)
+      redis.call('LPOP', RING)
+      redis.call('HSET', tk, 'r', 0, 'b', 0)
+    elseif throttled then
       -- parked above
     elseif id and paced then
       if ORDERED then

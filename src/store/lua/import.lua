@@ -1,7 +1,8 @@
 -- Helpers (common.lua): num, now_ms, tkey, lane, ekey, activate, dead_letter
--- ARGV: tenant, source queue, the tenant's tier in the source ('' none),
+-- ARGV: tenant, source queue, the tenant's tier in the source ('' none), its
+-- user pause there ('1' paused, else not) and that pause's version (0: none),
 -- then id, seq (in the source), attempts, payload, enqueued_ms, endpoint per
--- envelope. Appends envelopes moved from the
+-- envelope (none: only the state travels). Appends envelopes moved from the
 -- source queue's hold buffer to this lane, in order. Idempotent: the tenant
 -- remembers the source and the last source sequence number it imported
 -- (isrc, isq), and an envelope at or below it is skipped, so a move that
@@ -10,19 +11,22 @@
 -- An envelope whose record was gone in the source is dead-lettered here.
 -- The tier comes along, so the moved backlog is weighed by its tier before
 -- the tenant's next event says it again, unless this queue already has one
--- (an event accepted here since the repin said a newer one).
+-- (an event accepted here since the repin said a newer one). A user's pause
+-- comes along when its version is newer than what this queue has (a resume
+-- that reached this queue after the repin wins over the source's older pause,
+-- see user_pause.lua).
 -- Returns the count appended.
-local t, src, tier = ARGV[1], ARGV[2], ARGV[3]
-if (#ARGV - 3) % 6 ~= 0 or #ARGV > 3 + 6 * 1000 then
-  return redis.error_reply('import: tenant, source, tier, then six fields per envelope (at most 1000)')
+local t, src, tier, upaused, upv = ARGV[1], ARGV[2], ARGV[3], ARGV[4], tonumber(ARGV[5]) or 0
+if #ARGV < 5 or (#ARGV - 5) % 6 ~= 0 or #ARGV > 5 + 6 * 1000 then
+  return redis.error_reply('import: tenant, source, tier, pause, pause version, then six fields per envelope (at most 1000)')
 end
 local tk = tkey(t)
-local st = redis.call('HMGET', tk, 'isrc', 'isq', 'n', 'ko', 'tr')
+local st = redis.call('HMGET', tk, 'isrc', 'isq', 'n', 'ko', 'tr', 'upv', 'up')
 local last = (st[1] == src) and num(st[2], -1) or -1
 local now = now_ms()
 local n, dead, top = 0, 0, last
 local ids = {}
-for i = 4, #ARGV, 6 do
+for i = 6, #ARGV, 6 do
   local id, sseq = ARGV[i], tonumber(ARGV[i + 1])
   if sseq == nil then
     dead = dead + 1
@@ -42,5 +46,12 @@ if n > 0 or dead > 0 then
   redis.call('SADD', P .. ':tenants', t)
   if tier ~= '' and not st[5] then redis.call('HSET', tk, 'tr', tier) end
 end
+local up = st[7] or '0'
+if upv > num(st[6], 0) then
+  up = (upaused == '1') and '1' or '0'
+  redis.call('HSET', tk, 'up', up, 'upv', upv)
+end
+-- listed where it lives (a queue it comes back to may hold its pause already)
+redis.call(up == '1' and 'SADD' or 'SREM', P .. ':paused', t)
 activate(t)
 return n

@@ -1,35 +1,48 @@
 -- Helpers (common.lua): num, now_ms, tkey, lane, hold, dlkey, ekey, activate
--- ARGV: tenant, cursor, page, then ids (none: every dead letter).
+-- ARGV: tenant, cursor, page, since, until, endpoint, then ids (none: every
+-- dead letter).
 -- Replays one page of the tenant's dead letters in this queue: it reads up
--- to `page` (at most 1000; Store::replay_dead asks for 250, a few ms of work) letters of the tenant's own stream after `cursor`
--- ('-' for the start, otherwise the stream id of the last letter the
--- previous page examined), and puts each one asked for back on the tail of
--- its lane (its hold buffer while paused), oldest first, as a new delivery:
--- attempts start again, the id stays claimed. A letter whose envelope is
--- live again (the producer reused the id after the idempotency window) is
--- left where it is. Every read comes before the first write, and nothing
--- after it can fail, so a call does all of its page or nothing.
--- Returns {'OK', replayed, next cursor ('' when the stream is done), examined}
+-- to `page` (at most 1000; Store::replay_dead asks for 250, a few ms of work)
+-- letters of the tenant's own stream after `cursor` ('-' for the start,
+-- otherwise the stream id of the last letter the previous page examined)
+-- and no later than `until` (ms; '' for none), starting at `since` (ms; ''
+-- for none), and puts each one asked for (by id, and by `endpoint` unless
+-- '') back on the tail of its lane (its hold buffer while paused), oldest
+-- first, as a new delivery: attempts start again, the id stays claimed. A
+-- letter whose envelope is live again (the producer reused the id after the
+-- idempotency window) is left where it is. Every read comes before the
+-- first write, and nothing after it can fail, so a call does all of its
+-- page or nothing.
+-- Returns {'OK', replayed, next cursor ('' when the range is done), examined}
 -- or, when the tenant has moved to another queue, {'MOVED', queue} and
 -- nothing changes.
 local t, cursor, page = ARGV[1], ARGV[2], math.min(math.max(tonumber(ARGV[3]) or 100, 1), 1000)
+local since, upto, endpoint = tonumber(ARGV[4]), tonumber(ARGV[5]), ARGV[6] or ''
+for _, x in ipairs({ since or 0, upto or 0 }) do
+  if x < 0 or x > 9007199254740991 or x % 1 ~= 0 then
+    return redis.error_reply('replay_dead: since and until are whole ms from 0')
+  end
+end
 local tk = tkey(t)
 local st = redis.call('HMGET', tk, 'p', 'm', 'n')
 if st[2] then return { 'MOVED', st[2] } end
 local want = nil
-if #ARGV > 3 then
+if #ARGV > 6 then
   want = {}
-  for i = 4, #ARGV do want[ARGV[i]] = true end
+  for i = 7, #ARGV do want[ARGV[i]] = true end
 end
 local k = dlkey(t)
 local from = (cursor == '-' or cursor == '') and '-' or ('(' .. cursor)
-local entries = redis.call('XRANGE', k, from, '+', 'COUNT', page)
+if from == '-' and since then from = string.format('%d', since) end
+local to = upto and string.format('%d', upto) or '+'
+local entries = redis.call('XRANGE', k, from, to, 'COUNT', page)
 local take = {}
 for _, e in ipairs(entries) do
   local f = {}
   local kv = e[2]
   for i = 1, #kv, 2 do f[kv[i]] = kv[i + 1] end
-  if f.id and (not want or want[f.id]) and f.p and f.p ~= '' and redis.call('EXISTS', ekey(t, f.id)) == 0 then
+  if f.id and (not want or want[f.id]) and (endpoint == '' or f.ep == endpoint) and f.p and f.p ~= ''
+    and redis.call('EXISTS', ekey(t, f.id)) == 0 then
     take[#take + 1] = { e[1], f }
   end
 end

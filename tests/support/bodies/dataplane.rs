@@ -295,3 +295,152 @@ pub async fn a_moved_tenant_keeps_its_tier_on_its_new_queue(url: &str) {
         assert_eq!(tier_in(lane, t).await.as_deref(), Some(want), "{t}");
     }
 }
+
+/// Lease everything `q` hands out now, acking each: the (tenant, seq) order.
+pub async fn drain_order(s: &Store, q: QueueId) -> Vec<(String, u64)> {
+    let mut out = Vec::new();
+    while let Some(l) = lease(s, q).await {
+        out.push((l.tenant.clone(), seq_of(&l)));
+        s.ack(&l, Duration::from_millis(1)).await.unwrap();
+    }
+    out
+}
+
+/// A user's pause: leases skip the tenant (what is in flight finishes),
+/// ingest keeps accepting within its backlog limit, the others are served;
+/// a resume serves it again in its order.
+pub async fn a_user_paused_tenant_waits_in_order_while_the_others_flow(url: &str) {
+    let s = store(url, QueuePolicy::default()).await;
+    s.set_shards(1).await.unwrap();
+    fill(&s, Q, "acme", 5).await;
+    let first = lease(&s, Q).await.unwrap();
+    assert_eq!(first.tenant, "acme");
+    fill(&s, Q, "other", 3).await;
+    let o = s.set_user_pause("acme", true).await.unwrap();
+    assert!(o.paused && o.changed && o.queue == Q, "{o:?}");
+    assert_eq!(o.depth, 5);
+    let again = s.set_user_pause("acme", true).await.unwrap();
+    assert!(again.paused && !again.changed, "{again:?}");
+    assert!(again.version > o.version);
+    // Ingest keeps accepting, within the backlog limit.
+    for i in 5..8 {
+        let r = s
+            .enqueue_limited(Q, &env("acme", i), Some(8))
+            .await
+            .unwrap();
+        assert!(matches!(r, EnqueueOutcome::Queued { .. }), "{r:?}");
+    }
+    let r = s
+        .enqueue_limited(Q, &env("acme", 8), Some(8))
+        .await
+        .unwrap();
+    assert!(matches!(r, EnqueueOutcome::Full { .. }), "{r:?}");
+    // The delivery in flight finishes; only the other tenant is served.
+    assert!(s.ack(&first, Duration::from_millis(1)).await.unwrap());
+    let served = drain_order(&s, Q).await;
+    assert!(
+        served.iter().all(|(t, _)| t == "other") && served.len() == 3,
+        "{served:?}"
+    );
+    let st = s.tenant_state(Q, "acme").await.unwrap();
+    assert!(st.user_paused && !st.paused && st.queued == 7, "{st:?}");
+    assert_eq!(s.user_paused(Q).await.unwrap(), vec!["acme".to_string()]);
+    let o = s.set_user_pause("acme", false).await.unwrap();
+    assert!(!o.paused && o.changed, "{o:?}");
+    let served: Vec<u64> = drain_order(&s, Q).await.into_iter().map(|x| x.1).collect();
+    let first_seq = seq_of(&first);
+    assert_eq!(first_seq, 0);
+    assert_eq!(served, (1..8).collect::<Vec<_>>());
+    assert!(s.user_paused(Q).await.unwrap().is_empty());
+}
+
+/// A user's pause composes with a move: a paused tenant's queued lane goes
+/// with it (in bounded steps, in order), it stays paused on its new queue,
+/// and a resume that reached the new queue first is not undone by the move.
+pub async fn a_user_pause_travels_with_a_move_and_the_newer_operation_wins(url: &str) {
+    let s = store(url, QueuePolicy::default()).await;
+    s.set_shards(1).await.unwrap();
+    let lane = QueueId::Lane(0);
+    s.configure_queue(lane, &QueuePolicy::default())
+        .await
+        .unwrap();
+    // 2,500 queued when paused (more than one merge step), 3 held during the move.
+    fill(&s, Q, "acme", 2500).await;
+    s.set_user_pause("acme", true).await.unwrap();
+    s.pause(Q, "acme").await.unwrap();
+    for i in 2500..2503 {
+        let r = s.enqueue(Q, &env("acme", i)).await.unwrap();
+        assert!(matches!(r, EnqueueOutcome::Held { .. }), "{r:?}");
+    }
+    let st = s.tenant_state(Q, "acme").await.unwrap();
+    assert!(st.drained(), "a paused lane moves along: {st:?}");
+    s.pause(lane, "acme").await.unwrap();
+    s.pin("acme", lane).await.unwrap();
+    assert!(s.mark_moved(Q, "acme", lane).await.unwrap());
+    assert_eq!(s.move_hold(Q, lane, "acme").await.unwrap(), 2503);
+    s.resume(lane, "acme").await.unwrap();
+    let st = s.tenant_state(lane, "acme").await.unwrap();
+    assert!(st.user_paused && st.queued == 2503, "{st:?}");
+    assert_eq!(s.user_paused(lane).await.unwrap(), vec!["acme".to_string()]);
+    assert!(
+        s.user_paused(Q).await.unwrap().is_empty(),
+        "listed where it lives only"
+    );
+    assert!(lease(&s, lane).await.is_none(), "still paused on the lane");
+    let o = s.set_user_pause("acme", false).await.unwrap();
+    assert!(o.changed && o.queue == lane, "{o:?}");
+    let served: Vec<u64> = drain_order(&s, lane)
+        .await
+        .into_iter()
+        .map(|x| x.1)
+        .collect();
+    assert_eq!(
+        served,
+        (0..2503).collect::<Vec<_>>(),
+        "in order across the move"
+    );
+
+    // A resume that follows the tenant to its new queue (the source answers
+    // MOVED) before the move's import is not undone by the older pause the
+    // import carries.
+    fill(&s, Q, "beta", 2).await;
+    s.set_user_pause("beta", true).await.unwrap();
+    s.pause(Q, "beta").await.unwrap();
+    s.pause(lane, "beta").await.unwrap();
+    assert!(s.mark_moved(Q, "beta", lane).await.unwrap());
+    let o = s.set_user_pause("beta", false).await.unwrap();
+    assert_eq!(o.queue, lane, "followed the move");
+    s.move_hold(Q, lane, "beta").await.unwrap();
+    s.resume(lane, "beta").await.unwrap();
+    let st = s.tenant_state(lane, "beta").await.unwrap();
+    assert!(!st.user_paused, "{st:?}");
+    let served: Vec<u64> = drain_order(&s, lane)
+        .await
+        .into_iter()
+        .map(|x| x.1)
+        .collect();
+    assert_eq!(served, vec![0, 1]);
+
+    // The set's version counter lost (its node restarted empty): the next
+    // operation is not refused as stale for ever, it takes a newer version.
+    let key = lanekeeper::store::keys::pause_version(s.set());
+    raw(url, redis::cmd("DEL").arg(&key).clone()).await;
+    let o = s.set_user_pause("beta", true).await.unwrap();
+    assert!(o.paused && o.changed && o.queue == lane, "{o:?}");
+}
+
+/// Run one command on the test Redis (a server or a cluster), behind the store's back.
+pub async fn raw(url: &str, cmd: redis::Cmd) -> redis::Value {
+    match lanekeeper::store::cluster_nodes(url) {
+        Some(nodes) => {
+            let client = redis::cluster::ClusterClient::new(nodes.unwrap()).unwrap();
+            let mut c = client.get_async_connection().await.unwrap();
+            cmd.query_async(&mut c).await.unwrap()
+        }
+        None => {
+            let client = redis::Client::open(url).unwrap();
+            let mut c = client.get_multiplexed_async_connection().await.unwrap();
+            cmd.query_async(&mut c).await.unwrap()
+        }
+    }
+}

@@ -1,0 +1,47 @@
+-- Helpers (common.lua): istr, num, now_ms, tkey, lane, dlkey, ekey, dl_retain
+-- ARGV: tenant, mode ('dead': to its dead letters with cause `purged`;
+-- 'drop': deleted, counted), limit (at most 1000).
+-- A user's purge of one tenant's queued envelopes in this queue, one step:
+-- takes up to `limit` envelopes from the head of its lane. What is in flight
+-- or waiting to retry is left to finish (the reply says how much), and so is
+-- a tenant being moved (its lane is in two places: nothing changes, call
+-- again once the move is over). Every read comes before the first write,
+-- and nothing after it can fail.
+-- Returns {'OK', purged, still queued, in_flight, delayed} | {'MOVED', queue}
+--       | {'MOVING'}.
+local t, mode, limit = ARGV[1], ARGV[2], math.min(math.max(math.floor(tonumber(ARGV[3]) or 100), 1), 1000)
+if mode ~= 'dead' and mode ~= 'drop' then
+  return redis.error_reply('purge: mode must be dead or drop')
+end
+local tk = tkey(t)
+local st = redis.call('HMGET', tk, 'm', 'p', 'n', 'ko', 'px', 'f', 'w')
+if st[1] then return { 'MOVED', st[1] } end
+if st[2] == '1' then return { 'MOVING' } end
+local ids = redis.call('LRANGE', lane(t), 0, limit - 1)
+local recs = {}
+if mode == 'dead' then
+  for i, id in ipairs(ids) do recs[i] = redis.call('HMGET', ekey(t, id), 'p', 'a', 'ep') end
+end
+-- writes
+local n = #ids
+if n > 0 then
+  redis.call('LTRIM', lane(t), n, -1)
+  local now = now_ms()
+  for i, id in ipairs(ids) do
+    if mode == 'dead' then
+      local r = recs[i]
+      redis.call('XADD', dlkey(t), '*', 'id', id, 'a', istr(num(r[2], 0)), 'c', 'purged', 'at', now,
+        'p', r[1] or '', 'ep', r[3] or '')
+    end
+    redis.call('DEL', ekey(t, id))
+  end
+  local set = { 'n', math.max(num(st[3], 0) - n, 0) }
+  if mode == 'dead' then
+    set[3] = 'ko'; set[4] = num(st[4], 0) + n
+  else
+    set[3] = 'px'; set[4] = num(st[5], 0) + n
+  end
+  redis.call('HSET', tk, unpack(set))
+  if mode == 'dead' then dl_retain(t) end
+end
+return { 'OK', n, redis.call('LLEN', lane(t)), num(st[6], 0), num(st[7], 0) }
