@@ -174,7 +174,7 @@ fn err_field(v: &Value) -> &str {
 #[tokio::test]
 async fn every_route_refuses_a_caller_without_a_key_or_for_another_tenant() {
     let a = api(Config::default()).await;
-    assert_eq!(lanekeeper::ingest::ROUTES.len(), 13);
+    assert_eq!(lanekeeper::ingest::ROUTES.len(), 18);
     for (method, path) in lanekeeper::ingest::ROUTES.iter() {
         let m = reqwest::Method::from_bytes(method.to_uppercase().as_bytes()).unwrap();
         let body = match (*method, path.as_str()) {
