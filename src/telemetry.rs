@@ -81,6 +81,9 @@ pub struct WorkerMetrics {
     /// the queue counts them in Redis (every worker of the queue reports the
     /// same figure: aggregate with `max by (queue)`).
     pub dead_letters_dropped: Family<QueueLabels, Gauge>,
+    /// Tenants whose idle state this worker's sweep steps deleted
+    /// (`scheduler.sweepIdleTenantsAfter`): sum over the queue's workers.
+    pub tenants_swept: Family<QueueLabels, Counter>,
 }
 
 impl WorkerMetrics {
@@ -94,6 +97,7 @@ impl WorkerMetrics {
         let breaker_changes = Family::<BreakerLabels, Counter>::default();
         let in_flight = Family::<QueueLabels, Gauge>::default();
         let dead_letters_dropped = Family::<QueueLabels, Gauge>::default();
+        let tenants_swept = Family::<QueueLabels, Counter>::default();
         registry.register(
             "lanekeeper_queue_wait_seconds",
             "Time from enqueue to lease, per tenant (capped; the rest are tenant=\"other\")",
@@ -124,6 +128,11 @@ impl WorkerMetrics {
             "Dead letters the queue's retention bound (delivery.deadLetters) has dropped, all tenants; read from Redis",
             dead_letters_dropped.clone(),
         );
+        registry.register(
+            "lanekeeper_tenants_swept",
+            "Idle tenants whose per-queue state this worker's sweep deleted (scheduler.sweepIdleTenantsAfter)",
+            tenants_swept.clone(),
+        );
         Self {
             registry: Arc::new(registry),
             tenants: TenantLabeler::new(tenant_label_cap),
@@ -133,6 +142,7 @@ impl WorkerMetrics {
             breaker_changes,
             in_flight,
             dead_letters_dropped,
+            tenants_swept,
         }
     }
 

@@ -76,6 +76,11 @@ proptest! {
 }
 
 #[tokio::test]
+async fn the_sweep_forgets_only_idle_tenants_across_slots() {
+    support::dataplane::the_sweep_forgets_only_idle_tenants(&shared().url).await;
+}
+
+#[tokio::test]
 async fn whale_cannot_delay_the_small_tenant() {
     support::dataplane::whale_cannot_delay_the_small_tenant(&shared().url).await;
 }

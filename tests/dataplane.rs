@@ -1726,3 +1726,373 @@ async fn replay_filters_by_time_and_endpoint_and_holds_its_rate() {
     assert!(matches!(err, StoreError::TenantMoving(_)), "{err}");
     assert_eq!(s.tenant_state(Q, "acme").await.unwrap(), before);
 }
+
+/// A policy that sweeps tenants idle for a second and remembers ids for a
+/// second (so claims leave the window two seconds after the last one).
+fn sweeping() -> QueuePolicy {
+    QueuePolicy {
+        sweep_idle_after: Some(Duration::from_secs(1)),
+        idempotency_window: Duration::from_secs(1),
+        ..QueuePolicy::default()
+    }
+}
+
+/// Sweep steps of `count` until one ends a pass (a pass not yet due is
+/// waited for). Returns what the pass swept and the slowest step.
+async fn sweep_pass(s: &Store, count: u32) -> (u64, Duration) {
+    let (mut swept, mut slowest) = (0, Duration::ZERO);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let started = Instant::now();
+        let step = s.sweep(Q, count).await.unwrap();
+        if started.elapsed() > Duration::from_millis(5) {
+            eprintln!("DEBUG slow step {:?} {step:?}", started.elapsed());
+        }
+        slowest = slowest.max(started.elapsed());
+        swept += step.swept;
+        if step.pass_ended {
+            return (swept, slowest);
+        }
+        assert!(Instant::now() < deadline, "no sweep pass ended in 30 s");
+        if step.waiting {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+}
+
+async fn is_member(conn: &mut redis::aio::MultiplexedConnection, set: &str, m: &str) -> bool {
+    redis::cmd("SISMEMBER")
+        .arg(set)
+        .arg(m)
+        .query_async(conn)
+        .await
+        .unwrap()
+}
+
+async fn exists(conn: &mut redis::aio::MultiplexedConnection, key: &str) -> bool {
+    redis::cmd("EXISTS")
+        .arg(key)
+        .query_async(conn)
+        .await
+        .unwrap()
+}
+
+#[tokio::test]
+async fn the_sweep_forgets_only_idle_tenants_in_each_queue() {
+    support::dataplane::the_sweep_forgets_only_idle_tenants(&support::redis::shared().url).await;
+}
+
+/// Issue 21, item 5: a tenant with no work and no traffic for the idle time
+/// loses its per-queue state; one with anything still to do or to remember
+/// (queued, in flight, paused by a user, dead letters) keeps it, and the
+/// swept one starts afresh when it sends again.
+#[tokio::test]
+async fn the_sweep_deletes_idle_tenants_and_keeps_every_one_with_something_left() {
+    use lanekeeper::store::{keys, PurgeMode};
+    let s = store(sweeping()).await;
+    s.set_shards(1).await.unwrap();
+    let p = s.queue_prefix(Q);
+    let mut conn = raw_conn().await;
+    // gone: delivered; paused: delivered then paused by a user; dead: its
+    // envelope purged to its dead letters; inflight: leased, not acked;
+    // queued: waiting.
+    for t in ["gone", "paused", "dead"] {
+        s.enqueue(Q, &env(t, 0)).await.unwrap();
+    }
+    s.purge_tenant("dead", PurgeMode::DeadLetter).await.unwrap();
+    for _ in 0..2 {
+        let l = lease(&s, Q).await.unwrap();
+        // no worker time: the attribution buckets (bounded by time, not
+        // swept) then hold nothing of these two
+        s.ack(&l, Duration::ZERO).await.unwrap();
+    }
+    s.set_user_pause("paused", true).await.unwrap();
+    s.enqueue(Q, &env("inflight", 0)).await.unwrap();
+    let held = lease(&s, Q).await.unwrap();
+    assert_eq!(held.tenant, "inflight");
+    s.enqueue(Q, &env("queued", 0)).await.unwrap();
+    let (swept, _) = sweep_pass(&s, 100).await;
+    assert_eq!(swept, 0, "nothing has been idle for a second yet");
+
+    // past the idle time and out of the id window (two periods of 1 s)
+    tokio::time::sleep(Duration::from_millis(2200)).await;
+    let (swept, _) = sweep_pass(&s, 100).await;
+    assert_eq!(swept, 1, "only the delivered tenant is idle");
+    assert!(!exists(&mut conn, &keys::tenant(&p, "gone")).await);
+    assert!(!is_member(&mut conn, &keys::tenants(&p), "gone").await);
+    let claims: Vec<String> = redis::cmd("KEYS")
+        .arg(format!("{p}:ids:*:gone"))
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert!(claims.is_empty(), "stale claims left behind: {claims:?}");
+    for t in ["paused", "dead", "inflight", "queued"] {
+        assert!(exists(&mut conn, &keys::tenant(&p, t)).await, "{t} swept");
+        assert!(is_member(&mut conn, &keys::tenants(&p), t).await, "{t}");
+    }
+    let stats = s.tenant_stats(Q, Duration::from_secs(1)).await.unwrap();
+    assert!(
+        stats.iter().all(|t| t.tenant != "gone"),
+        "top no longer lists the swept tenant: {stats:?}"
+    );
+    assert_eq!(
+        s.dead_letters(Q, "dead", None, 10)
+            .await
+            .unwrap()
+            .letters
+            .len(),
+        1
+    );
+    assert!(s.tenant_state(Q, "paused").await.unwrap().user_paused);
+
+    // the swept tenant sends again: a fresh start, delivered as ever
+    assert!(matches!(
+        s.enqueue(Q, &env("gone", 1)).await.unwrap(),
+        EnqueueOutcome::Queued { .. }
+    ));
+    s.ack(&held, Duration::from_millis(5)).await.unwrap();
+    let mut got = Vec::new();
+    while let Some(l) = lease(&s, Q).await {
+        got.push(l.tenant.clone());
+        s.ack(&l, Duration::from_millis(5)).await.unwrap();
+    }
+    got.sort();
+    assert_eq!(got, vec!["gone", "queued"]);
+    assert_eq!(s.tenant_state(Q, "gone").await.unwrap().depth, 0);
+}
+
+/// The sweep must not forget ids a producer may still resend: a tenant idle
+/// past the sweep time whose claims are still inside the idempotency window
+/// keeps them, and its resend is still a duplicate.
+#[tokio::test]
+async fn the_sweep_keeps_a_tenant_whose_ids_are_still_remembered() {
+    let s = store(QueuePolicy {
+        sweep_idle_after: Some(Duration::from_secs(1)),
+        idempotency_window: Duration::from_secs(3600),
+        ..QueuePolicy::default()
+    })
+    .await;
+    let e = env("recent", 0);
+    s.enqueue(Q, &e).await.unwrap();
+    let l = lease(&s, Q).await.unwrap();
+    s.ack(&l, Duration::from_millis(1)).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(1200)).await;
+    let (swept, _) = sweep_pass(&s, 100).await;
+    assert_eq!(swept, 0);
+    assert_eq!(s.enqueue(Q, &e).await.unwrap(), EnqueueOutcome::Duplicate);
+}
+
+/// A tenant that keeps working is never swept however old its last enqueue:
+/// a sweep that finds it busy marks it active now.
+#[tokio::test]
+async fn a_busy_tenant_is_marked_active_and_never_swept() {
+    use lanekeeper::store::keys;
+    let s = store(QueuePolicy {
+        sweep_idle_after: Some(Duration::from_secs(2)),
+        idempotency_window: Duration::from_secs(1),
+        ..QueuePolicy::default()
+    })
+    .await;
+    let p = s.queue_prefix(Q);
+    let mut conn = raw_conn().await;
+    fill(&s, Q, "slow", 2).await;
+    // its last enqueue was long ago
+    let _: () = redis::cmd("HSET")
+        .arg(keys::tenant(&p, "slow"))
+        .arg("la")
+        .arg(1)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(2200)).await;
+    assert_eq!(sweep_pass(&s, 100).await.0, 0);
+    let la: u64 = redis::cmd("HGET")
+        .arg(keys::tenant(&p, "slow"))
+        .arg("la")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert!(la > 1, "the sweep marked the busy tenant active");
+    // it drains; at the next pass (a second later) it had work within the
+    // idle time; once that is over it goes
+    while let Some(l) = lease(&s, Q).await {
+        s.ack(&l, Duration::from_millis(1)).await.unwrap();
+    }
+    assert_eq!(sweep_pass(&s, 100).await.0, 0);
+    tokio::time::sleep(Duration::from_millis(1200)).await;
+    assert_eq!(sweep_pass(&s, 100).await.0, 1);
+}
+
+/// State written behind the scripts' back neither fails a sweep step (so
+/// one bad key cannot stop the queue's sweep) nor gets a tenant swept that
+/// it cannot read: a tenant key of the wrong type, counters that are not
+/// numbers, a last-activity time in the future.
+#[tokio::test]
+async fn the_sweep_survives_hostile_state_and_deletes_only_what_it_can_read() {
+    use lanekeeper::store::keys;
+    let s = store(sweeping()).await;
+    let p = s.queue_prefix(Q);
+    let mut conn = raw_conn().await;
+    let _: () = redis::cmd("SADD")
+        .arg(keys::tenants(&p))
+        .arg(&["wrongtype", "garbage", "future", "ghost"])
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let _: () = redis::cmd("SET")
+        .arg(keys::tenant(&p, "wrongtype"))
+        .arg("x")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let _: () = redis::cmd("HSET")
+        .arg(keys::tenant(&p, "garbage"))
+        .arg(&["n", "nan", "f", "-", "la", "1", "ip", "zz"])
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let _: () = redis::cmd("HSET")
+        .arg(keys::tenant(&p, "future"))
+        .arg(&["la", "99999999999999", "ip", "-5"])
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    // "ghost" is listed with no state at all
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    sweep_pass(&s, 100).await;
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    let (swept, _) = sweep_pass(&s, 100).await;
+    assert_eq!(swept, 2, "future (restamped, then idle) and ghost");
+    let _: () = redis::cmd("PING").query_async(&mut conn).await.unwrap();
+    assert!(exists(&mut conn, &keys::tenant(&p, "wrongtype")).await);
+    assert!(exists(&mut conn, &keys::tenant(&p, "garbage")).await);
+    assert!(!exists(&mut conn, &keys::tenant(&p, "future")).await);
+    assert!(!is_member(&mut conn, &keys::tenants(&p), "ghost").await);
+}
+
+/// Issue 21, item 5: 100,000 distinct tenants each send once, are delivered
+/// and go idle; the sweep gives back the memory they took, in steps of 200
+/// tenants of a few milliseconds each. A Redis of its own, so no other
+/// test's keys move `used_memory`.
+#[tokio::test]
+async fn redis_memory_is_flat_after_100000_tenants_send_once_and_go_idle() {
+    use lanekeeper::store::keys;
+    let redis = support::redis::dedicated();
+    let s = support::dataplane::store(&redis.url, sweeping()).await;
+    let client = redis::Client::open(redis.url.as_str()).unwrap();
+    let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+    let p = s.queue_prefix(Q);
+    let used = |conn: &mut redis::aio::MultiplexedConnection| {
+        let mut c = conn.clone();
+        async move {
+            let _: () = redis::cmd("MEMORY")
+                .arg("PURGE")
+                .query_async(&mut c)
+                .await
+                .unwrap();
+            let info: String = redis::cmd("INFO")
+                .arg("memory")
+                .query_async(&mut c)
+                .await
+                .unwrap();
+            info.lines()
+                .find_map(|l| l.strip_prefix("used_memory:"))
+                .unwrap()
+                .trim()
+                .parse::<i64>()
+                .unwrap()
+        }
+    };
+    const N: u64 = 100_000;
+    let baseline = used(&mut conn).await;
+    let envs: Vec<Envelope> = (0..N).map(|i| env(&format!("t{i:06}"), 0)).collect();
+    for chunk in envs.chunks(5000) {
+        for r in s.enqueue_batch(Q, chunk).await.unwrap() {
+            assert!(matches!(r.unwrap(), EnqueueOutcome::Queued { .. }));
+        }
+    }
+    let queued = used(&mut conn).await;
+    let mut delivered = 0;
+    let mut l = lease(&s, Q).await;
+    while let Some(done) = l {
+        delivered += 1;
+        let (_, next) = s
+            .ack_and_lease(&done, Duration::from_micros(300), "w1", LEASE)
+            .await
+            .unwrap();
+        l = match next {
+            LeaseOutcome::Leased(n) => Some(n),
+            _ => lease(&s, Q).await,
+        };
+    }
+    assert_eq!(delivered, N);
+    let idle = used(&mut conn).await;
+    // the attribution buckets are bounded by time, not by tenants: each
+    // expires two hours after its first write, whatever the sweep does
+    let buckets: Vec<String> = redis::cmd("KEYS")
+        .arg(format!("{p}:wsu:*"))
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let mut bucket_bytes = 0i64;
+    for b in &buckets {
+        let ttl: i64 = redis::cmd("TTL")
+            .arg(b)
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        assert!((0..=7200).contains(&ttl), "{b} ttl {ttl}");
+        let n: i64 = redis::cmd("MEMORY")
+            .arg("USAGE")
+            .arg(b)
+            .arg("SAMPLES")
+            .arg(0)
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        bucket_bytes += n;
+    }
+    let since = slowlog_from_1ms(&mut conn).await;
+    tokio::time::sleep(Duration::from_millis(2200)).await;
+    let started = Instant::now();
+    let (swept, slowest_step) = sweep_pass(&s, 200).await;
+    let took = started.elapsed();
+    assert_eq!(swept, N);
+    let worst_us = slowest_call_naming(&mut conn, &p, since).await;
+    // let Redis's cron shrink the emptied hash tables
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let after = used(&mut conn).await;
+    let tenants: u64 = redis::cmd("SCARD")
+        .arg(keys::tenants(&p))
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let dbsize: u64 = redis::cmd("DBSIZE").query_async(&mut conn).await.unwrap();
+    let mib = |b: i64| b as f64 / (1 << 20) as f64;
+    eprintln!(
+        "sweep of {N} idle tenants: used_memory baseline {:.2} MiB, queued {:.2} MiB, \
+         delivered and idle {:.2} MiB (of which attribution buckets {:.2} MiB, expiring by TTL), \
+         after the sweep {:.2} MiB; above baseline less the buckets: before {:.2} MiB, after {:.3} MiB; \
+         pass {took:.2?}, slowest step {slowest_step:.2?} round trip, slowest Redis call {worst_us} us; \
+         {tenants} tenants and {dbsize} keys left",
+        mib(baseline),
+        mib(queued),
+        mib(idle),
+        mib(bucket_bytes),
+        mib(after),
+        mib(idle - bucket_bytes - baseline),
+        mib(after - bucket_bytes - baseline),
+    );
+    assert_eq!(tenants, 0);
+    assert!(
+        worst_us < 10_000,
+        "a sweep step took {worst_us} us in Redis"
+    );
+    let left = after - bucket_bytes - baseline;
+    assert!(
+        left < (idle - bucket_bytes - baseline) / 20 && left < 1 << 20,
+        "the sweep gave back too little: {left} bytes left of {}",
+        idle - bucket_bytes - baseline
+    );
+    support::redis::kill(&redis);
+}

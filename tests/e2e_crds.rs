@@ -186,6 +186,14 @@ fn explain_documents_fields() {
         field.contains("Longest wait for a paused tenant"),
         "{field}"
     );
+    let sweep = cp.kubectl_ok(&["explain", "shardset.spec.scheduler.sweepIdleTenantsAfter"]);
+    // explain wraps lines where it likes
+    let sweep = sweep.split_whitespace().collect::<Vec<_>>().join(" ");
+    assert!(
+        sweep.contains("no work and no traffic")
+            && sweep.contains("lanekeeper_tenants_swept_total"),
+        "{sweep}"
+    );
     let lane = cp.kubectl_ok(&["explain", "dedicatedlane.status.phase"]);
     assert!(lane.contains("Relocation phase"), "{lane}");
 }
@@ -278,11 +286,13 @@ spec:
     quantumSeconds: 0.000001
     defaultWeight: 0.0001
     weights: [{tenant: acme, weight: 0.000001}]
+    sweepIdleTenantsAfter: 30s
   delivery: {deadLetters: {maxPerTenant: 0, maxAge: 1s}}
 "#,
     );
     for want in [
         "spec.scheduler.quantumSeconds",
+        "scheduler.sweepIdleTenantsAfter must be 0s (never) or between 1m and 8760h",
         "scheduler.quantumSeconds must be at least 0.01",
         "scheduler.defaultWeight must be at least 0.01",
         "weight must be at least 0.01",

@@ -836,3 +836,72 @@ async fn a_tenant_limited_to_50_per_second_gets_50_and_the_other_gets_the_rest_o
         "the shard did not stay busy: {together:.0}/s with the limited tenant, {alone:.0}/s without"
     );
 }
+
+/// Issue 21, item 5: a real worker sweeps the tenants that sent once and
+/// went idle, counts them in `lanekeeper_tenants_swept_total`, and keeps
+/// the one that still has work; `top`'s listing (tenant stats) drops them.
+#[tokio::test]
+async fn a_worker_sweeps_idle_tenants_and_counts_them() {
+    let s = setup(QueuePolicy {
+        sweep_idle_after: Some(Duration::from_secs(1)),
+        idempotency_window: Duration::from_secs(1),
+        ..Default::default()
+    })
+    .await;
+    for t in ["once-a", "once-b", "once-c"] {
+        s.endpoint(t, "ok", 1).await;
+        s.send(t, 0..3).await;
+    }
+    // a tenant with no endpoint registered: its envelope is dead-lettered,
+    // and a tenant with dead letters is kept
+    s.send("refused", 0..1).await;
+    let metrics_addr = format!("127.0.0.1:{}", support::process::free_port());
+    let pid = s.worker(&["--concurrency", "4", "--metrics-addr", &metrics_addr]);
+    s.wait_for_accepted(9, Duration::from_secs(60)).await;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let metrics = loop {
+        let m = reqwest::get(format!("http://{metrics_addr}/metrics"))
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap();
+        if m.contains(r#"lanekeeper_tenants_swept_total{queue="shard-00"} 3"#) {
+            break m;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "three tenants not swept in 30 s:\n{m}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    // top lists a tenant with state here or worker-seconds in its window:
+    // once the swept tenants' last deliveries leave the window (whole 10 s
+    // buckets), they are gone from it
+    let deadline = Instant::now() + Duration::from_secs(40);
+    let listed = loop {
+        let stats = s
+            .store
+            .tenant_stats(Q, Duration::from_secs(1))
+            .await
+            .unwrap();
+        let listed: Vec<String> = stats.into_iter().map(|t| t.tenant).collect();
+        if !listed.iter().any(|t| t.starts_with("once-")) {
+            break listed;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "swept tenants still listed: {listed:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    };
+    let listed: Vec<&str> = listed.iter().map(String::as_str).collect();
+    assert!(
+        listed.contains(&"refused"),
+        "the tenant with a dead letter was swept: {listed:?}"
+    );
+    let letters = s.store.dead_letters(Q, "refused", None, 10).await.unwrap();
+    assert_eq!(letters.letters.len(), 1);
+    assert!(!metrics.contains("tenants_swept_total{queue=\"shard-00\"} 4"));
+    stop(pid);
+}

@@ -387,6 +387,19 @@ pub struct SchedulerSpec {
     /// assignments are dropped (the admin API's stay).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tier_assignments: Option<TierAssignmentsSpec>,
+
+    /// How long a tenant may have no work and no traffic in a queue before
+    /// its state there (counters, cost estimate, attribution entry, expired
+    /// id claims) is swept, so tenants that come and go leave nothing
+    /// behind (default `24h`; `0s`: never; else at least `1m`). Workers
+    /// sweep in bounded steps; a tenant's dead letters, pause, weight and
+    /// tier assignment are never swept, and a tenant that sends again starts
+    /// from the defaults. Counted by `lanekeeper_tenants_swept_total`.
+    #[serde(default = "default_sweep_idle")]
+    #[x_kube(validation = Rule::new(super::DURATION_SYNTAX).message("scheduler.sweepIdleTenantsAfter must be a duration such as 24h"))]
+    #[x_kube(validation = Rule::new("!self.matches('^([0-9]+(\\\\.[0-9]+)?(ns|us|ms|s|m|h))+$') || duration(self) == duration('0s') || (duration(self) >= duration('1m') && duration(self) <= duration('8760h'))").message("scheduler.sweepIdleTenantsAfter must be 0s (never) or between 1m and 8760h"))]
+    #[schemars(length(max = 32))]
+    pub sweep_idle_tenants_after: Duration,
 }
 
 /// Where `scheduler.tierAssignments` are read from.
@@ -519,8 +532,13 @@ impl Default for SchedulerSpec {
             ordering: Ordering::None,
             rate_limits: RateLimitsSpec::default(),
             tier_assignments: None,
+            sweep_idle_tenants_after: default_sweep_idle(),
         }
     }
+}
+
+fn default_sweep_idle() -> Duration {
+    secs(24 * 3600)
 }
 
 /// A tenant's scheduling weight, at least 0.01: no tenant starves to zero, and
@@ -1152,6 +1170,10 @@ impl crate::policy::QueuePolicy {
                 max_age: spec.delivery.dead_letters.max_age.into(),
             },
             max_retry_after: spec.delivery.max_retry_after.into(),
+            sweep_idle_after: {
+                let d: std::time::Duration = s.sweep_idle_tenants_after.into();
+                (!d.is_zero()).then_some(d)
+            },
             rate_limits: crate::policy::RateLimits {
                 default: s.rate_limits.default.as_ref().map(RateLimitSpec::to_policy),
                 tiers: s

@@ -48,6 +48,9 @@ pub struct QueuePolicy {
     pub max_retry_after: Duration,
     /// Delivery rate limits (token buckets checked at lease time).
     pub rate_limits: RateLimits,
+    /// A tenant idle this long in a queue has its state there swept
+    /// (`scheduler.sweepIdleTenantsAfter`); `None`: never.
+    pub sweep_idle_after: Option<Duration>,
 }
 
 /// A delivery rate limit: token buckets, one for the tenant and one for
@@ -173,6 +176,7 @@ impl Default for QueuePolicy {
             dead_letters: DeadLetterPolicy::default(),
             max_retry_after: Duration::from_secs(600),
             rate_limits: RateLimits::default(),
+            sweep_idle_after: Some(Duration::from_secs(24 * 3600)),
         }
     }
 }

@@ -32,10 +32,11 @@ pub(super) enum Func {
     Gate,
     UserPause,
     Purge,
+    Sweep,
 }
 
 impl Func {
-    const ALL: [Func; 20] = [
+    const ALL: [Func; 21] = [
         Func::Enqueue,
         Func::Lease,
         Func::Ack,
@@ -56,6 +57,7 @@ impl Func {
         Func::Gate,
         Func::UserPause,
         Func::Purge,
+        Func::Sweep,
     ];
 
     /// The function's name within the library, and its Lua body.
@@ -81,6 +83,7 @@ impl Func {
             Func::Gate => ("gate", include_str!("lua/gate.lua")),
             Func::UserPause => ("user_pause", include_str!("lua/user_pause.lua")),
             Func::Purge => ("purge", include_str!("lua/purge.lua")),
+            Func::Sweep => ("sweep", include_str!("lua/sweep.lua")),
         }
     }
 

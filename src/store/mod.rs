@@ -60,7 +60,7 @@ pub use operations::{
 pub use queue::{TenantTerms, TierUpdate, ENQUEUE_CHUNK};
 pub use reply::{
     Acked, BreakerChange, DeadLetter, DeadLetterPage, EnqueueOutcome, Failure, Lease, LeaseOutcome,
-    NackOutcome, ReplayPage, TenantActivity, TenantQueueState, TenantStats,
+    NackOutcome, ReplayPage, SweepStep, TenantActivity, TenantQueueState, TenantStats,
 };
 pub use settings::{log_at_start as log_settings_at_start, worst as worst_settings, RedisSettings};
 pub use shaping::Shaping;

@@ -10,10 +10,11 @@ use super::keys;
 use super::library::{function_missing, load_library, Func};
 use super::reply::{
     ack_lease_reply, ack_reply, enqueue_reply, lease_reply, maintain_reply, nack_reply,
-    release_reply,
+    release_reply, sweep_reply,
 };
 use super::{
     Acked, EnqueueOutcome, Failure, Lease, LeaseOutcome, NackOutcome, Result, Store, StoreError,
+    SweepStep,
 };
 use crate::envelope::Envelope;
 use crate::policy::QueuePolicy;
@@ -101,6 +102,13 @@ impl Store {
             (
                 "pmax",
                 policy.max_retry_after.as_millis().max(1).to_string(),
+            ),
+            (
+                "sweep",
+                policy
+                    .sweep_idle_after
+                    .map_or(0, |d| d.as_secs().max(1))
+                    .to_string(),
             ),
         ];
         // The scripts read the policy as one field (see common.lua); the
@@ -417,6 +425,19 @@ impl Store {
             .run(Func::Maintain, q, &[limit.to_string().as_bytes()])
             .await?;
         maintain_reply(v)
+    }
+
+    /// One bounded step of the sweep of idle tenants in `q` (see
+    /// sweep.lua): looks at about `count` tenants (at most 500) and deletes
+    /// the state of those idle longer than the queue's
+    /// [`QueuePolicy::sweep_idle_after`]. Workers call it on a timer; a
+    /// pass over all the queue's tenants takes as many steps as it needs,
+    /// and the next pass waits a quarter of the idle time.
+    pub async fn sweep(&self, q: QueueId, count: u32) -> Result<SweepStep> {
+        let v = self
+            .run(Func::Sweep, q, &[count.to_string().as_bytes()])
+            .await?;
+        sweep_reply(v)
     }
 
     /// A stream that yields whenever a tenant becomes active in `q` (new

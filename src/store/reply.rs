@@ -217,6 +217,20 @@ impl TenantQueueState {
     }
 }
 
+/// One step of the sweep of idle tenants ([`Store::sweep`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SweepStep {
+    /// Tenants looked at.
+    pub scanned: u64,
+    /// Tenants whose state was deleted.
+    pub swept: u64,
+    /// This step finished a pass over the queue's tenants.
+    pub pass_ended: bool,
+    /// No pass is due yet (or the queue's policy never sweeps): nothing was
+    /// looked at.
+    pub waiting: bool,
+}
+
 /// One tenant's recent activity in one queue ([`Store::tenant_activity`]).
 #[derive(Clone, Debug, PartialEq)]
 pub struct TenantActivity {
@@ -409,6 +423,21 @@ pub(super) fn maintain_reply(v: Value) -> Result<(u64, u64)> {
         items.first().map(int).unwrap_or(0),
         items.get(1).map(int).unwrap_or(0),
     ))
+}
+
+/// sweep.lua: `{scanned, swept, state}` (state 0 mid-pass, 1 pass ended, 2 waiting).
+pub(super) fn sweep_reply(v: Value) -> Result<SweepStep> {
+    let items = array("sweep", v)?;
+    if items.len() != 3 {
+        return Err(unexpected("sweep", &items));
+    }
+    let state = int(&items[2]);
+    Ok(SweepStep {
+        scanned: int(&items[0]),
+        swept: int(&items[1]),
+        pass_ended: state == 1,
+        waiting: state == 2,
+    })
 }
 
 /// status.lua: `{queued, in_flight, delayed, held, paused, moved_to, depth, user_paused}`.

@@ -64,6 +64,10 @@ type EndpointCache = TtlCache<(String, String), Option<Endpoint>>;
 /// Endpoints a worker remembers at most.
 const ENDPOINT_CACHE_CAPACITY: usize = 65_536;
 
+/// Tenants one step of the idle-tenant sweep looks at (one step per
+/// maintenance tick, 500 ms: 400 tenants a second per worker).
+const SWEEP_STEP: u32 = 200;
+
 struct Shared {
     store: Store,
     config: WorkerConfig,
@@ -196,8 +200,25 @@ pub async fn run(
             loop {
                 if !*shared.routing.borrow() {
                     // Nothing to reap in a Redis that lost its state.
-                } else if let Err(e) = shared.store.maintain(shared.config.queue, 500).await {
-                    warn!(error = %e, "maintenance failed; retrying");
+                } else {
+                    if let Err(e) = shared.store.maintain(shared.config.queue, 500).await {
+                        warn!(error = %e, "maintenance failed; retrying");
+                    }
+                    // One bounded step of the idle-tenant sweep (a no-op
+                    // between passes and when the policy never sweeps).
+                    match shared.store.sweep(shared.config.queue, SWEEP_STEP).await {
+                        Ok(step) if step.swept > 0 => {
+                            shared
+                                .metrics
+                                .tenants_swept
+                                .get_or_create(&QueueLabels {
+                                    queue: shared.queue_label.clone(),
+                                })
+                                .inc_by(step.swept);
+                        }
+                        Ok(_) => {}
+                        Err(e) => warn!(error = %e, "sweeping idle tenants failed; retrying"),
+                    }
                 }
                 if let Ok(n) = shared.store.dead_letters_dropped(shared.config.queue).await {
                     shared

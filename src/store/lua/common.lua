@@ -6,7 +6,8 @@
 --                           maxatt, idttl; bratio, bmin, bwin ms, bopen ms: the circuit breaker),
 --                           also written one field each for library versions before this one;
 --                           rl, rl.<tier>, rln: delivery rate limits (see parse_policy);
---                           clock (virtual ms, simulator only); minroute (oldest routing-table
+--                           clock (virtual ms, simulator only); swc/swn the sweep's SSCAN cursor
+--                           and when its next pass may start (see sweep.lua); minroute (oldest routing-table
 --                           version a producer may enqueue with: a reshard's fence, see
 --                           enqueue.lua); mnext (next time a lease does maintenance)
 --   P:weights         HASH  tenant -> weight
@@ -29,7 +30,9 @@
 --                           tk/tu its delivery token bucket (micro-tokens as of ms tu; absent: full),
 --                           up paused by a user ('1': leases skip it, see user_pause.lua; distinct from
 --                           p, the relocation pause, and composed with it), upv the version of the
---                           user operation that last set up (from lk:{ns/set}:pausev).
+--                           user operation that last set up (from lk:{ns/set}:pausev),
+--                           la the last time it had activity here (ms: an enqueue, an import, or
+--                           a sweep that found it busy; see sweep.lua).
 --                           d, e and b are worker-time in whole microseconds, as are a lease's
 --                           charge and the worker-second buckets: integers are far cheaper for
 --                           Redis and Lua to format and parse than 17-digit fractions
@@ -108,6 +111,8 @@ local QUANTUM, ORDERED, CAP, DEFAULT_WEIGHT, EST0, MAX_ATTEMPTS, ID_TTL, MAINT_N
 local BR_RATIO, BR_MIN, BR_WINDOW, BR_OPEN, DL_MAX, DL_AGE_MS
 -- The longest pause (ms) a receiver's Retry-After may put on its endpoint.
 local PACE_MAX
+-- Idle time (ms) after which a tenant's state is swept (0: never; sweep.lua).
+local SWEEP_MS
 -- Delivery rate limits: the default (false: none), per tier, whether
 -- P:limits has entries, and whether any of them is set at all.
 local RL_DEFAULT, RL_TIERS, RL_TENANTS, RL_ANY
@@ -146,7 +151,7 @@ local QUEUE_KEYS = {}
 
 -- A queue's policy is one field of its conf hash, `policy`, written by
 -- `Store::configure_queue` as space-separated key=value pairs (quantum, cap,
--- ordered, weight, est0, maxatt, idttl, bratio, bmin, bwin, bopen, dlmax, dlage, pmax; an absent
+-- ordered, weight, est0, maxatt, idttl, bratio, bmin, bwin, bopen, dlmax, dlage, pmax, sweep; an absent
 -- one takes its default). Each distinct string is parsed once and kept here:
 -- reading one field and looking it up costs a call a fraction of reading
 -- eleven fields and converting each to a number.
@@ -188,6 +193,8 @@ local function parse_policy(raw)
     dlmax = math.max(math.floor(field('dlmax', 100000)), 1), dlage = math.max(field('dlage', 604800), 1) * 1000,
     -- the longest receiver-asked pause, ms (delivery.maxRetryAfter; default 10 minutes)
     pmax = math.max(math.floor(field('pmax', 600000)), 1),
+    -- idle tenants' state is swept after this many seconds (0: never)
+    sweep = math.max(math.floor(field('sweep', 0) * 1000), 0),
     tw = tw,
     rl = v.rl and parse_limit(v.rl) or false, rlt = rlt, rln = v.rln == '1',
     rlany = (v.rl ~= nil) or (next(rlt) ~= nil) or v.rln == '1',
@@ -218,6 +225,7 @@ local function begin(keys)
   BR_RATIO, BR_MIN, BR_WINDOW, BR_OPEN = pol.bratio, pol.bmin, pol.bwin, pol.bopen
   DL_MAX, DL_AGE_MS = pol.dlmax, pol.dlage
   PACE_MAX = pol.pmax
+  SWEEP_MS = pol.sweep
   RL_DEFAULT, RL_TIERS, RL_TENANTS, RL_ANY = pol.rl, pol.rlt, pol.rln, pol.rlany
   MAINT_NEXT = num(conf[2], 0)
   CLOCK = conf[3] and tonumber(conf[3])

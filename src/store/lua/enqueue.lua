@@ -147,10 +147,11 @@ for _, t in ipairs(order) do
   if added > 0 then
     -- depth (and held count) as read at the start plus what this call added:
     -- one write, and nothing else in this call changes them
+    -- (and its last activity, for the sweep of idle tenants)
     if #ts.held > 0 then
-      redis.call('HSET', tkey(t), 'n', ts.depth + added, 'h', ts.h + #ts.held)
+      redis.call('HSET', tkey(t), 'n', ts.depth + added, 'h', ts.h + #ts.held, 'la', now_s)
     else
-      redis.call('HSET', tkey(t), 'n', ts.depth + added)
+      redis.call('HSET', tkey(t), 'n', ts.depth + added, 'la', now_s)
     end
     -- a tenant's hash keeps its depth counter once it exists
     if not ts.known then redis.call('SADD', P .. ':tenants', t) end

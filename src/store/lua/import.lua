@@ -42,7 +42,7 @@ for i = 6, #ARGV, 6 do
 end
 if n > 0 then redis.call('RPUSH', lane(t), unpack(ids)) end
 if n > 0 or dead > 0 then
-  redis.call('HSET', tk, 'isrc', src, 'isq', top, 'n', num(st[3], 0) + n, 'ko', num(st[4], 0) + dead)
+  redis.call('HSET', tk, 'isrc', src, 'isq', top, 'n', num(st[3], 0) + n, 'ko', num(st[4], 0) + dead, 'la', now)
   redis.call('SADD', P .. ':tenants', t)
   if tier ~= '' and not st[5] then redis.call('HSET', tk, 'tr', tier) end
 end

@@ -444,3 +444,41 @@ pub async fn raw(url: &str, cmd: redis::Cmd) -> redis::Value {
         }
     }
 }
+
+/// The idle-tenant sweep (issue 21, item 5) on queues in two slots: the
+/// tenant that was delivered and went idle is swept, the one with work
+/// queued is kept, and each queue keeps its own cursor.
+pub async fn the_sweep_forgets_only_idle_tenants(url: &str) {
+    let policy = QueuePolicy {
+        sweep_idle_after: Some(Duration::from_secs(1)),
+        idempotency_window: Duration::from_secs(1),
+        ..QueuePolicy::default()
+    };
+    let s = store(url, policy.clone()).await;
+    let q2 = QueueId::Shard(1);
+    s.configure_queue(q2, &policy).await.unwrap();
+    for q in [Q, q2] {
+        s.enqueue(q, &env("idle", 0)).await.unwrap();
+        let l = lease(&s, q).await.unwrap();
+        s.ack(&l, Duration::ZERO).await.unwrap();
+        s.enqueue(q, &env("waiting", 0)).await.unwrap();
+    }
+    tokio::time::sleep(Duration::from_millis(2200)).await;
+    for q in [Q, q2] {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let mut swept = 0;
+        loop {
+            let step = s.sweep(q, 100).await.unwrap();
+            swept += step.swept;
+            if step.pass_ended {
+                break;
+            }
+            assert!(Instant::now() < deadline, "no pass ended on {q}");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        assert_eq!(swept, 1, "{q}");
+        let stats = s.tenant_stats(q, Duration::from_secs(1)).await.unwrap();
+        let listed: Vec<&str> = stats.iter().map(|t| t.tenant.as_str()).collect();
+        assert_eq!(listed, vec!["waiting"], "{q}");
+    }
+}
