@@ -194,6 +194,14 @@ fn explain_documents_fields() {
             && sweep.contains("lanekeeper_tenants_swept_total"),
         "{sweep}"
     );
+    let trend = cp.kubectl_ok(&["explain", "shardset.spec.promotion.projectedWait"]);
+    let trend = trend.split_whitespace().collect::<Vec<_>>().join(" ");
+    assert!(trend.contains("Promote on the trend"), "{trend}");
+    let hot = cp.kubectl_ok(&[
+        "explain",
+        "shardset.status.promotionCandidates.projectedWaitSeconds",
+    ]);
+    assert!(hot.contains("Hot on the trend"), "{hot}");
     let lane = cp.kubectl_ok(&["explain", "dedicatedlane.status.phase"]);
     assert!(lane.contains("Relocation phase"), "{lane}");
 }
@@ -287,10 +295,12 @@ spec:
     defaultWeight: 0.0001
     weights: [{tenant: acme, weight: 0.000001}]
     sweepIdleTenantsAfter: 30s
+  promotion: {projectedWait: 10s}
   delivery: {deadLetters: {maxPerTenant: 0, maxAge: 1s}}
 "#,
     );
     for want in [
+        "promotion.projectedWait must be between 1m and 24h",
         "spec.scheduler.quantumSeconds",
         "scheduler.sweepIdleTenantsAfter must be 0s (never) or between 1m and 8760h",
         "scheduler.quantumSeconds must be at least 0.01",

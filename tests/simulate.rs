@@ -400,3 +400,65 @@ fn an_interrupted_run_deletes_its_keys() {
     );
     assert_eq!(leftover_keys(&redis.url, &prefix), Vec::<String>::new());
 }
+
+/// Issue 21, item 4: promotion on the trend, on the seeds' import story.
+/// The same workload twice through `fair+lanes`, once on the share alone
+/// (hot for `promoteAfter`, 15 s) and once with `projectedWait` (10 s):
+/// the import's backlog at its drain rate passes 10 s within a tick or two
+/// of its start, so its lane comes that much sooner, the import leaves
+/// its shard sooner, and the small tenants' p99 is no worse for it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn projected_wait_gets_the_import_its_lane_before_the_backlog_builds() {
+    let redis = support::redis::shared();
+    let mut mix = small_mix();
+    mix.promotion.promote_after = Duration::from_secs(15).into();
+    let workload = Workload::generate(&mix);
+    let share_only = simulate::run(&redis.url, &mix, &workload).await.unwrap();
+    let mut trend_mix = mix.clone();
+    trend_mix.promotion.projected_wait = Some(Duration::from_secs(10).into());
+    let on_trend = simulate::run(&redis.url, &trend_mix, &workload)
+        .await
+        .unwrap();
+    println!("share only:\n{}", simulate::table(&share_only));
+    println!("with projectedWait 10s:\n{}", simulate::table(&on_trend));
+    let start = 2.0;
+    let lane_at = |r: &simulate::Report| {
+        r.get(Strategy::FairLanes)
+            .promoted
+            .iter()
+            .find(|(t, _)| t == "whale")
+            .map(|(_, at)| at - start)
+            .expect("the whale got a lane")
+    };
+    let (before, after) = (lane_at(&share_only), lane_at(&on_trend));
+    let p99 = |r: &simulate::Report| r.get(Strategy::FairLanes).small.p99;
+    let drain = |r: &simulate::Report| r.get(Strategy::FairLanes).max_whale_drain().unwrap();
+    println!(
+        "RESULT import_to_lane_share_s={before:.1} import_to_lane_trend_s={after:.1} \
+         small_p99_share_ms={:.0} small_p99_trend_ms={:.0} whale_drain_share_s={:.1} whale_drain_trend_s={:.1}",
+        p99(&share_only) * 1000.0,
+        p99(&on_trend) * 1000.0,
+        drain(&share_only),
+        drain(&on_trend),
+    );
+    // the share path needs promoteAfter (15 s) of hot on top of the time
+    // the share takes to build; the trend needs a tick or two
+    assert!(before >= 15.0, "share-only lane {before} s after the start");
+    assert!(after <= 5.0, "trend lane {after} s after the start");
+    // The import leaves its shard sooner: the shard's worker-seconds are
+    // no longer the whale's (skew falls). (Its own drain can be longer: a
+    // late lane drains the import on the lane and on its shard at once.)
+    let skew = |r: &simulate::Report| r.get(Strategy::FairLanes).skew;
+    assert!(
+        skew(&on_trend) < skew(&share_only),
+        "skew: trend {} vs share {}",
+        skew(&on_trend),
+        skew(&share_only)
+    );
+    assert!(
+        p99(&on_trend) <= p99(&share_only) * 1.5 + 0.05,
+        "small p99: trend {} vs share {}",
+        p99(&on_trend),
+        p99(&share_only)
+    );
+}

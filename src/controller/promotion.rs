@@ -65,6 +65,7 @@ pub fn thresholds(spec: &PromotionSpec) -> Thresholds {
         promote_after: spec.promote_after.into(),
         demote_share: spec.demote_share,
         demote_after: spec.demote_after.into(),
+        projected_wait: spec.projected_wait.map(Into::into),
     }
 }
 
@@ -82,6 +83,7 @@ fn from_status(tenant: &str, queue: &str, share: f64, since: &Time) -> Candidate
         queue,
         share,
         since_ms,
+        projected_wait_s: None,
     }
 }
 
@@ -93,6 +95,7 @@ pub fn hot_in_status(c: &Candidate) -> PromotionCandidate {
         queue,
         share,
         hot_since,
+        projected_wait_seconds: c.projected_wait_s,
     }
 }
 
@@ -108,7 +111,10 @@ pub fn cold_in_status(c: &Candidate) -> DemotionCandidate {
 }
 
 fn hot_from_status(c: &PromotionCandidate) -> Candidate {
-    from_status(&c.tenant, &c.queue, c.share, &c.hot_since)
+    Candidate {
+        projected_wait_s: c.projected_wait_seconds,
+        ..from_status(&c.tenant, &c.queue, c.share, &c.hot_since)
+    }
 }
 
 fn cold_from_status(c: &DemotionCandidate) -> Candidate {
@@ -292,6 +298,7 @@ async fn tick_set(set: &ShardSet, ctx: &Context) -> anyhow::Result<()> {
             share: lane_share(on_lane, shard_seconds.get(&home).copied().unwrap_or(0.0)),
             contended: false,
             laned: true,
+            projected_wait: None,
         });
     }
     let prev_hot: Vec<Candidate> = prev
@@ -406,9 +413,15 @@ mod tests {
             queue: "shard-03".into(),
             share: 0.412,
             since_ms: 1_000_004_123,
+            projected_wait_s: None,
         };
         assert_eq!(hot_from_status(&hot_in_status(&c)), c);
         assert_eq!(cold_from_status(&cold_in_status(&c)), c);
+        let trending = Candidate {
+            projected_wait_s: Some(1250.0),
+            ..c
+        };
+        assert_eq!(hot_from_status(&hot_in_status(&trending)), trending);
     }
 
     #[test]

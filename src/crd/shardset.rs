@@ -797,6 +797,18 @@ pub struct PromotionSpec {
     #[schemars(length(max = 32))]
     pub window: Duration,
 
+    /// Promote on the trend as well as on the share: a tenant on a contended
+    /// shard whose backlog, at the rate it drained over `window`, would take
+    /// at least this long to deliver (its projected wait) is hot, and is
+    /// promoted at the next tick that still finds it so, without waiting out
+    /// `promoteAfter`: the lane exists while an import is still arriving.
+    /// Unset: on the share only. Between `1m` and `24h`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[x_kube(validation = Rule::new(super::DURATION_SYNTAX).message("promotion.projectedWait must be a duration such as 10m"))]
+    #[x_kube(validation = Rule::new("!self.matches('^([0-9]+(\\\\.[0-9]+)?(ns|us|ms|s|m|h))+$') || (duration(self) >= duration('1m') && duration(self) <= duration('24h'))").message("promotion.projectedWait must be between 1m and 24h"))]
+    #[schemars(length(max = 32))]
+    pub projected_wait: Option<Duration>,
+
     /// Most dedicated lanes admitted at once, manual ones included, 1 to 8.
     /// At the cap the set reports `LaneCapReached`: shape ingest instead.
     /// Lowered below the lanes admitted, the lanes with an index at or above
@@ -864,6 +876,7 @@ impl Default for PromotionSpec {
             promote_after: default_promote_after(),
             demote_after: default_demote_after(),
             window: default_window(),
+            projected_wait: None,
             max_lanes: default_max_lanes(),
             lane_worker: None,
             at_cap: AtCap::Wait,
@@ -1103,8 +1116,13 @@ pub struct PromotionCandidate {
     pub queue: String,
     /// Latest measured share of the queue's worker-seconds.
     pub share: f64,
-    /// When the tenant became hot; it is promoted at `hotSince + promoteAfter`.
+    /// When the tenant became hot; it is promoted at `hotSince + promoteAfter`,
+    /// or at the next tick when it is hot on the trend.
     pub hot_since: Time,
+    /// Hot on the trend (`promotion.projectedWait`): how long its backlog
+    /// would take at its measured drain rate, in seconds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub projected_wait_seconds: Option<f64>,
 }
 
 /// A tenant on a dedicated lane on its way back to its hash shard.

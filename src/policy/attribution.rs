@@ -21,6 +21,8 @@ pub struct TenantStats {
     pub failed: u64,
     /// Worker-seconds consumed over the window asked for.
     pub worker_seconds: f64,
+    /// Its measured mean worker-seconds per delivery (0: none measured).
+    pub cost_seconds: f64,
 }
 
 /// The bucket that `now_ms` (Unix milliseconds) falls in.

@@ -14,6 +14,15 @@
 //! `demoteAfter` without a break. Either timer resets as soon as its
 //! condition breaks, so a tenant that oscillates is neither promoted nor
 //! demoted over and over.
+//!
+//! With `projectedWait` set, a tenant on a contended shard is also hot on
+//! the *trend*: its backlog, at the rate it has been draining over the
+//! window, would take at least that long to deliver ([`projected_wait`]).
+//! Such a tenant does not wait out `promoteAfter`: it is promoted at the
+//! next tick that still finds it hot (one tick of confirmation), so its
+//! lane exists while the backlog is still building, not after it has
+//! built. A backlog that large cannot vanish between two ticks, so the
+//! confirmation is enough hysteresis; share-hot tenants keep the timer.
 
 use std::collections::BTreeSet;
 use std::time::Duration;
@@ -37,6 +46,9 @@ pub struct Observation {
     pub contended: bool,
     /// On an Active lane: a demotion candidate, not a promotion one.
     pub laned: bool,
+    /// How long its backlog would take at its measured drain rate
+    /// ([`projected_wait`]); `None` with nothing queued or nothing measured.
+    pub projected_wait: Option<Duration>,
 }
 
 /// A tenant hot (a promotion candidate) or cold (a demotion candidate):
@@ -50,6 +62,9 @@ pub struct Candidate {
     pub share: f64,
     /// When it became hot (or cold), in Unix milliseconds.
     pub since_ms: i64,
+    /// Hot on the trend: its projected wait in seconds (rounded), when it
+    /// passed `projectedWait`.
+    pub projected_wait_s: Option<f64>,
 }
 
 /// The thresholds and timers of promotion (a ShardSet's `spec.promotion`).
@@ -59,6 +74,9 @@ pub struct Thresholds {
     pub promote_after: Duration,
     pub demote_share: f64,
     pub demote_after: Duration,
+    /// Promote on the trend: a tenant whose projected wait reaches this
+    /// (`promotion.projectedWait`); `None`: on the share only.
+    pub projected_wait: Option<Duration>,
 }
 
 /// What to do this tick, and the candidate lists for status.
@@ -104,15 +122,24 @@ pub fn evaluate(
                     queue: o.queue.to_string(),
                     share: round3(o.share),
                     since_ms: since,
+                    projected_wait_s: None,
                 });
             }
-        } else if o.contended && o.share >= spec.promote_share {
+        } else if o.contended {
+            let trend = match (spec.projected_wait, o.projected_wait) {
+                (Some(limit), Some(wait)) => wait >= limit,
+                _ => false,
+            };
+            if !trend && o.share < spec.promote_share {
+                continue;
+            }
             let since = prev_hot
                 .iter()
                 .find(|c| c.tenant == o.tenant)
                 .map(|c| c.since_ms)
                 .unwrap_or(now_ms);
-            if elapsed(since, now_ms) >= promote_after {
+            // on the trend: confirmed by a second tick; else the timer
+            if elapsed(since, now_ms) >= promote_after || (trend && since < now_ms) {
                 d.promote.push(o.tenant.clone());
             }
             d.hot.push(Candidate {
@@ -120,6 +147,9 @@ pub fn evaluate(
                 queue: o.queue.to_string(),
                 share: round3(o.share),
                 since_ms: since,
+                projected_wait_s: trend
+                    .then(|| o.projected_wait.map(|w| w.as_secs_f64().round()))
+                    .flatten(),
             });
         }
     }
@@ -127,6 +157,27 @@ pub fn evaluate(
     d.hot.truncate(64);
     d.cold.truncate(64);
     d
+}
+
+/// The longest projected wait reported (a tenant with a backlog and next
+/// to no drain rate): about 31 years.
+const MAX_PROJECTED_WAIT: Duration = Duration::from_secs(1 << 30);
+
+/// How long `t`'s backlog would take to deliver at the rate it drained over
+/// the `covered` time: its depth times its mean cost per delivery, over the
+/// worker-seconds it got per second. `None` with nothing queued, no cost
+/// measured, or nothing delivered over the window (no rate to project at).
+pub fn projected_wait(t: &TenantStats, covered: Duration) -> Option<Duration> {
+    let per_second = t.worker_seconds / covered.as_secs_f64().max(1.0);
+    // (NaN fails both tests: written so, not as `<= 0.0`)
+    let positive = |x: f64| x.is_finite() && x > 0.0;
+    if t.depth == 0 || !positive(t.cost_seconds) || !positive(per_second) {
+        return None;
+    }
+    let secs = t.depth as f64 * t.cost_seconds / per_second;
+    Some(
+        Duration::try_from_secs_f64(secs).map_or(MAX_PROJECTED_WAIT, |d| d.min(MAX_PROJECTED_WAIT)),
+    )
 }
 
 /// Observations for the tenants of one hash shard. `workers` is the shard's
@@ -166,6 +217,7 @@ pub fn shard_observations(
                 },
                 contended: others_waiting || (others_active && busy),
                 laned: false,
+                projected_wait: projected_wait(t, covered),
             }
         })
         .collect()
@@ -192,6 +244,7 @@ mod tests {
             promote_after: Duration::from_secs(15),
             demote_share: 0.1,
             demote_after: Duration::from_secs(60),
+            projected_wait: None,
         }
     }
 
@@ -206,6 +259,7 @@ mod tests {
             share,
             contended,
             laned: false,
+            projected_wait: None,
         }
     }
 
@@ -216,6 +270,7 @@ mod tests {
             share,
             contended: false,
             laned: true,
+            projected_wait: None,
         }
     }
 
@@ -340,6 +395,103 @@ mod tests {
         let o = shard_observations(QueueId::Shard(0), &busy, 8.0, covered, &skip);
         assert_eq!(o.len(), 1);
         assert_eq!(o[0].tenant, "b");
+    }
+
+    #[test]
+    fn projected_wait_is_the_backlog_at_the_measured_drain_rate() {
+        let st = |depth: u64, ws: f64, cost: f64| TenantStats {
+            tenant: "whale".into(),
+            depth,
+            worker_seconds: ws,
+            cost_seconds: cost,
+            ..Default::default()
+        };
+        let covered = Duration::from_secs(100);
+        // 2 worker-seconds a second at 0.05 s each: 40 deliveries a second,
+        // so 12,000 queued take 300 s
+        assert_eq!(
+            projected_wait(&st(12_000, 200.0, 0.05), covered),
+            Some(Duration::from_secs(300))
+        );
+        // nothing queued, no cost measured, nothing delivered: no projection
+        assert_eq!(projected_wait(&st(0, 200.0, 0.05), covered), None);
+        assert_eq!(projected_wait(&st(10, 200.0, 0.0), covered), None);
+        assert_eq!(projected_wait(&st(10, 0.0, 0.05), covered), None);
+        assert_eq!(projected_wait(&st(10, f64::NAN, 0.05), covered), None);
+        // next to no drain rate: capped, not an overflow
+        assert_eq!(
+            projected_wait(&st(u64::MAX, 1e-300, 1e300), covered),
+            Some(MAX_PROJECTED_WAIT)
+        );
+        // the observation carries it
+        let o = shard_observations(
+            QueueId::Shard(0),
+            &[st(12_000, 200.0, 0.05)],
+            8.0,
+            covered,
+            &BTreeSet::new(),
+        );
+        assert_eq!(o[0].projected_wait, Some(Duration::from_secs(300)));
+    }
+
+    fn trending(tenant: &str, share: f64, wait_s: u64) -> Observation {
+        Observation {
+            projected_wait: Some(Duration::from_secs(wait_s)),
+            ..shard(tenant, share, true)
+        }
+    }
+
+    #[test]
+    fn a_growing_backlog_is_promoted_on_the_trend_before_its_share_would_be() {
+        let on_trend = Thresholds {
+            projected_wait: Some(Duration::from_secs(600)),
+            ..spec()
+        };
+        // A share well under promoteShare, and a backlog of 20 minutes at
+        // its drain rate: hot at once, promoted at the next tick.
+        let d0 = evaluate(&on_trend, at(0), &[], &[], &[trending("import", 0.1, 1200)]);
+        assert!(d0.promote.is_empty(), "one tick is not enough");
+        assert_eq!(d0.hot[0].projected_wait_s, Some(1200.0));
+        let d1 = evaluate(
+            &on_trend,
+            at(5),
+            &d0.hot,
+            &[],
+            &[trending("import", 0.12, 1500)],
+        );
+        assert_eq!(d1.promote, vec!["import".to_string()]);
+        // Without projectedWait the same tenant is not even hot.
+        let d = evaluate(&spec(), at(0), &[], &[], &[trending("import", 0.1, 1200)]);
+        assert!(d.hot.is_empty());
+        // Under the threshold, or on a shard nobody else wants: not hot.
+        let d = evaluate(&on_trend, at(0), &[], &[], &[trending("import", 0.1, 599)]);
+        assert!(d.hot.is_empty());
+        let alone = Observation {
+            contended: false,
+            ..trending("import", 1.0, 5000)
+        };
+        assert!(evaluate(&on_trend, at(0), &[], &[], &[alone])
+            .hot
+            .is_empty());
+        // A backlog that dips under the threshold resets the confirmation.
+        let d1 = evaluate(
+            &on_trend,
+            at(5),
+            &d0.hot,
+            &[],
+            &[trending("import", 0.1, 100)],
+        );
+        assert!(d1.hot.is_empty() && d1.promote.is_empty());
+        // Share-hot but not trending keeps the promoteAfter timer.
+        let d1 = evaluate(
+            &on_trend,
+            at(5),
+            &d0.hot,
+            &[],
+            &[trending("import", 0.5, 10)],
+        );
+        assert!(d1.promote.is_empty());
+        assert_eq!(d1.hot[0].projected_wait_s, None);
     }
 
     #[test]

@@ -191,6 +191,7 @@ mod tests {
                 share,
                 contended,
                 laned: false,
+                projected_wait: None,
             },
             rate: 12.5,
             last_refused_ms: refused,

@@ -815,6 +815,7 @@ impl<'a> Sim<'a> {
             promote_after: p.promote_after.into(),
             demote_share: defaults.demote_share,
             demote_after: defaults.demote_after.into(),
+            projected_wait: p.projected_wait.map(Into::into),
         };
         let decision = promotion::evaluate(
             &thresholds,

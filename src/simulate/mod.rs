@@ -88,6 +88,9 @@ pub struct Promotion {
     /// How often the promotion loop looks (the controller's `--promotion-tick`).
     pub tick: Duration,
     pub max_lanes: u32,
+    /// Promote on the trend too (`promotion.projectedWait`); off if absent.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub projected_wait: Option<Duration>,
     /// Workers of each lane; the shard's `workers` if absent.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub lane_workers: Option<u32>,
@@ -103,6 +106,7 @@ impl Default for Promotion {
             window: s(5 * 60),
             tick: s(30),
             max_lanes: 8,
+            projected_wait: None,
             lane_workers: None,
         }
     }
@@ -217,6 +221,11 @@ impl Mix {
         if tick.as_millis() == 0 || window.as_secs() == 0 {
             bail!("promotion.tick must be positive and promotion.window at least 1s");
         }
+        if p.projected_wait
+            .is_some_and(|w| std::time::Duration::from(w).is_zero())
+        {
+            bail!("promotion.projectedWait must be positive");
+        }
         if p.lane_workers == Some(0) {
             bail!("promotion.laneWorkers must be at least 1");
         }
@@ -330,6 +339,10 @@ pub struct SimulateArgs {
     /// Workers per dedicated lane.
     #[arg(long)]
     pub lane_workers: Option<u32>,
+    /// Promote on the trend too: a tenant whose backlog would take this
+    /// long at its measured drain rate, e.g. 10m (`promotion.projectedWait`).
+    #[arg(long)]
+    pub projected_wait: Option<Duration>,
     /// Never promote (the fair+lanes strategy then equals shards-fair).
     #[arg(long)]
     pub no_promotion: bool,
@@ -360,6 +373,9 @@ impl SimulateArgs {
             max_lanes => promotion.max_lanes);
         if let Some(v) = self.lane_workers {
             m.promotion.lane_workers = Some(v);
+        }
+        if let Some(v) = self.projected_wait {
+            m.promotion.projected_wait = Some(v);
         }
         if !self.whale.is_empty() {
             m.whales = self.whale.clone();

@@ -57,7 +57,16 @@ pub fn table(r: &Report) -> String {
         } else {
             s.promoted
                 .iter()
-                .map(|(t, at)| format!("{t} at {}", fmt_secs(*at)))
+                .map(|(t, at)| {
+                    // a whale's lane: also how long after its import began
+                    match m.whales.iter().find(|w| w.tenant == *t) {
+                        Some(w) => {
+                            let start = std::time::Duration::from(w.start).as_secs_f64();
+                            format!("{t} at {} (+{})", fmt_secs(*at), fmt_secs(*at - start))
+                        }
+                        None => format!("{t} at {}", fmt_secs(*at)),
+                    }
+                })
                 .collect::<Vec<_>>()
                 .join(", ")
         };

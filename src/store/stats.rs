@@ -43,7 +43,7 @@ impl Store {
         for t in &tenants {
             pipe.cmd("HMGET")
                 .arg(keys::tenant(&p, t))
-                .arg(&["n", "ok", "ko"]);
+                .arg(&["n", "ok", "ko", "e"]);
         }
         for b in 0..buckets {
             pipe.hgetall(keys::worker_seconds(&p, newest.saturating_sub(b)));
@@ -52,12 +52,21 @@ impl Store {
         let (counters, windows) = replies.split_at(tenants.len().min(replies.len()));
         let mut by_tenant: BTreeMap<String, TenantStats> = BTreeMap::new();
         for (t, v) in tenants.iter().zip(counters) {
-            let n: Vec<Option<u64>> =
+            let n: Vec<Option<String>> =
                 redis::from_redis_value_ref(v).map_err(|e| StoreError::Protocol {
                     script: "tenant stats",
                     detail: format!("counters of {t}: {e}"),
                 })?;
-            let field = |i: usize| n.get(i).copied().flatten().unwrap_or(0);
+            // as the scripts read them: what is not a number counts as 0
+            let number = |i: usize| {
+                n.get(i)
+                    .cloned()
+                    .flatten()
+                    .and_then(|v| v.parse::<f64>().ok())
+                    .filter(|x| x.is_finite() && *x >= 0.0)
+                    .unwrap_or(0.0)
+            };
+            let field = |i: usize| number(i) as u64;
             by_tenant.insert(
                 t.clone(),
                 TenantStats {
@@ -66,6 +75,8 @@ impl Store {
                     delivered: field(1),
                     failed: field(2),
                     worker_seconds: 0.0,
+                    // whole microseconds in the tenant's state
+                    cost_seconds: number(3) / 1e6,
                 },
             );
         }
