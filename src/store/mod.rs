@@ -57,7 +57,7 @@ pub use operations::{
     check_reason, AuditEntry, PauseOutcome, PurgeMode, PurgeOutcome, ReplayOutcome, ReplayPlan,
     TenantView, AUDIT_MAX, MAX_REASON_BYTES, PURGE_PAGE,
 };
-pub use queue::{TenantTerms, TierUpdate, ENQUEUE_CHUNK};
+pub use queue::{TenantTerms, TierUpdate, ENQUEUE_CHUNK, SWEEP_STEP};
 pub use reply::{
     Acked, BreakerChange, DeadLetter, DeadLetterPage, EnqueueOutcome, Failure, Lease, LeaseOutcome,
     NackOutcome, ReplayPage, SweepStep, TenantActivity, TenantQueueState, TenantStats,

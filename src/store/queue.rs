@@ -20,6 +20,12 @@ use crate::envelope::Envelope;
 use crate::policy::QueuePolicy;
 use crate::routing::QueueId;
 
+/// Tenants a worker's step of the idle-tenant sweep looks at: one step
+/// per maintenance tick (500 ms), so 100 tenants a second per worker. A
+/// step of 200 took up to 6.5 ms of Redis time on a 2-core machine, and
+/// one of 100 up to 14 ms once (usually 1.5): 50 keeps far under 10.
+pub const SWEEP_STEP: u32 = 50;
+
 /// Envelopes per enqueue script call in a batch.
 pub const ENQUEUE_CHUNK: usize = 200;
 

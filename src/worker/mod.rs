@@ -64,10 +64,6 @@ type EndpointCache = TtlCache<(String, String), Option<Endpoint>>;
 /// Endpoints a worker remembers at most.
 const ENDPOINT_CACHE_CAPACITY: usize = 65_536;
 
-/// Tenants one step of the idle-tenant sweep looks at (one step per
-/// maintenance tick, 500 ms: 400 tenants a second per worker).
-const SWEEP_STEP: u32 = 200;
-
 struct Shared {
     store: Store,
     config: WorkerConfig,
@@ -206,7 +202,11 @@ pub async fn run(
                     }
                     // One bounded step of the idle-tenant sweep (a no-op
                     // between passes and when the policy never sweeps).
-                    match shared.store.sweep(shared.config.queue, SWEEP_STEP).await {
+                    match shared
+                        .store
+                        .sweep(shared.config.queue, crate::store::SWEEP_STEP)
+                        .await
+                    {
                         Ok(step) if step.swept > 0 => {
                             shared
                                 .metrics

@@ -1,24 +1,28 @@
--- Helpers (common.lua): num, now_ms, tkey, lane, hold, dlkey
--- ARGV: count (SSCAN COUNT hint, 1 to 500). One bounded step of the sweep of
--- idle tenants (policy `sweep`, seconds; 0: never): scans the next part of
--- P:tenants from the cursor kept in P:conf (swc) and deletes the per-queue
--- state of each tenant found idle: its state hash P:t:<tenant>, its entry in
--- P:tenants, its stale id claims and its expired pace hash. Idle means no
--- work here (depth n, in flight, delayed, held all 0; lane and hold buffer
--- empty; not on the ring, parked, blocked, paced, shaped or in a breaker;
--- no dead letters), not paused (by a user or a move), not moved away or
--- being moved, no id claims still inside the idempotency window, and no
--- activity (la: an enqueue, an import, or a sweep that found it busy) for
--- the policy's time. A tenant that came here by a move (isrc) is kept at
--- least a day, so a stalled move that repeats its import still skips what
--- it imported. A tenant found busy has its la set to now; one found idle
--- with no la gets one, so its time starts. What a sweep deletes comes back
--- as it was the next time the tenant sends (defaults, zero counters).
--- When a pass over P:tenants ends, the next starts no sooner than a
--- quarter of the sweep time later (between 1 s and 1 h; P:conf swn).
--- Every read comes before the first write, and no write can fail (every
--- key written was read as its type first; a tenant whose state key is not
--- a hash is skipped).
+-- Helpers (common.lua): num, now_ms, tkey, lane, hold, dlkey, limit_of, bucket_level
+-- ARGV: count (SSCAN COUNT hint, 1 to 500). One bounded step of the sweep
+-- of idle tenants (policy `sweep`, seconds; 0: never): scans the next part
+-- of P:tenants from the cursor kept in P:conf (swc) and deletes the
+-- per-queue state of each tenant found idle: its state hash P:t:<tenant>,
+-- its entry in P:tenants, its stale id claims, its expired pace hash and
+-- its emptied dead-letter stream.
+-- Idle means:
+--   no work here (depth n, in flight, delayed, held all 0; lane and hold
+--   buffer empty; not on the ring, parked, blocked, paced, shaped or in a
+--   breaker; no dead letters; a delivery token bucket, if any, full again);
+--   not paused (by a user or a move), not moved away or being moved;
+--   no id claims still inside the idempotency window;
+--   no activity (la: an enqueue, an import, or a sweep that found it busy)
+--   for the policy's time. A tenant that came here by a move (isrc) is kept
+--   at least a day, so a stalled move that repeats its import still skips
+--   what it imported.
+-- A tenant found busy has its la set to now; one found idle with no la gets
+-- one, so its time starts. What a sweep deletes comes back as it was the
+-- next time the tenant sends (defaults, zero counters; DRR debt forgiven).
+-- When a pass over P:tenants ends, the next starts no sooner than a quarter
+-- of the sweep time later (between 1 s and 1 h; P:conf swn).
+-- Every read comes before the first write, and no write can fail: every
+-- key written was read as its type first (a tenant whose state key is not
+-- a hash is skipped; a cursor Redis refuses starts the pass over).
 -- Returns {scanned, swept, state}: state 0 mid-pass, 1 this call ended a
 -- pass, 2 waiting for the next pass (or the sweep is off).
 local count = math.min(math.max(math.floor(tonumber(ARGV[1]) or 100), 1), 500)
@@ -28,8 +32,17 @@ local c = redis.call('HMGET', conf, 'swc', 'swn')
 local cursor = c[1] or '0'
 if not string.match(cursor, '^%d+$') then cursor = '0' end
 local now = now_ms()
-if cursor == '0' and now < num(c[2], 0) then return { 0, 0, 2 } end
-local scan = redis.call('SSCAN', P .. ':tenants', cursor, 'COUNT', count)
+-- the next pass is due (a time further off than the longest rest, from a
+-- clock that stepped back or a hostile value, does not hold it back)
+local due = num(c[2], 0)
+if cursor == '0' and now < due and due <= now + 3600000 then return { 0, 0, 2 } end
+-- pcall: a cursor Redis refuses (not one it gave) starts the pass over
+local scan = redis.pcall('SSCAN', P .. ':tenants', cursor, 'COUNT', count)
+if scan.err then
+  if cursor == '0' then return redis.error_reply('sweep: ' .. scan.err) end
+  cursor = '0'
+  scan = redis.call('SSCAN', P .. ':tenants', cursor, 'COUNT', count)
+end
 local nextc, members = scan[1], scan[2]
 local period = math.floor(now / 1000 / ID_TTL)
 -- A counter or flag with nothing in it: absent or '0' (a value that is not
@@ -42,7 +55,7 @@ for _, t in ipairs(members) do
   -- back) is left alone, neither marked nor swept, rather than stopping
   -- every sweep at this cursor
   local st = redis.pcall('HMGET', tkey(t), 'n', 'f', 'w', 'h', 'r', 'k', 'bl', 'p', 'up', 'xc', 'm', 'bw', 'sr',
-    'pz', 'la', 'ip', 'ia', 'isrc')
+    'pz', 'la', 'ip', 'ia', 'isrc', 'tk', 'tu', 'tr')
   if not st.err then
     local idle = zero(st[1]) and zero(st[2]) and zero(st[3]) and zero(st[4]) and zero(st[5]) and zero(st[6])
       and zero(st[7]) and zero(st[8]) and zero(st[9]) and zero(st[10]) and (st[11] == false or st[11] == '')
@@ -52,7 +65,20 @@ for _, t in ipairs(members) do
     -- claims still consulted for duplicates: this period's or the last one's
     local ip = tonumber(st[16])
     if idle and st[16] and not (ip and ip < period - 1) then idle = false end
-    if idle then idle = redis.call('EXISTS', lane(t), hold(t), dlkey(t)) == 0 end
+    -- a delivery bucket not yet full again: forgetting it would refill it
+    if idle and st[19] then
+      local lim = limit_of(t, st[21] or nil)
+      if lim and lim.rate > 0 and bucket_level(tonumber(st[19]), num(st[20], 0), lim.rate, lim.cap, now) < lim.cap then
+        idle = false
+      end
+    end
+    if idle then
+      idle = redis.call('EXISTS', lane(t), hold(t)) == 0
+      -- dead letters are data; an empty stream (retention or a replay
+      -- took them all) is not. pcall: a key of another type counts as data
+      local len = redis.pcall('XLEN', dlkey(t))
+      if type(len) ~= 'number' or len > 0 then idle = false end
+    end
     if not idle then
       busy[#busy + 1] = t
     else
@@ -77,9 +103,10 @@ local base = P .. ':ids:'
 local names = {}
 for i, g in ipairs(gone) do
   local t = g[1]
-  -- the state, the pace hash (expired) and the stale claims, in one call
-  local keys = { tkey(t), P .. ':pace:' .. t }
-  if g[2] then keys[3] = base .. g[2] .. ':' .. t end
+  -- the state, the pace hash (expired), the empty dead-letter stream and
+  -- the stale claims, in one call
+  local keys = { tkey(t), P .. ':pace:' .. t, dlkey(t) }
+  if g[2] then keys[#keys + 1] = base .. g[2] .. ':' .. t end
   if g[3] then keys[#keys + 1] = base .. g[3] .. ':' .. t end
   redis.call('DEL', unpack(keys))
   names[#names + 1] = t

@@ -28,6 +28,9 @@ if v <= have then
   return { 'STALE', have }
 end
 redis.call('HSET', tk, 'up', state, 'upv', v)
+-- listed among the queue's tenants, so a reshard moves it (and its pause)
+-- even when it has never had work here or its state was swept
+redis.call('SADD', P .. ':tenants', t)
 if state == '1' then
   redis.call('SADD', P .. ':paused', t)
 else
