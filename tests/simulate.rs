@@ -413,12 +413,18 @@ async fn projected_wait_gets_the_import_its_lane_before_the_backlog_builds() {
     let mut mix = small_mix();
     mix.promotion.promote_after = Duration::from_secs(15).into();
     let workload = Workload::generate(&mix);
-    let share_only = simulate::run(&redis.url, &mix, &workload).await.unwrap();
-    let mut trend_mix = mix.clone();
-    trend_mix.promotion.projected_wait = Some(Duration::from_secs(10).into());
-    let on_trend = simulate::run(&redis.url, &trend_mix, &workload)
+    // run ids of their own: the other tests look for what runs named
+    // `sim-<pid>-` leave behind while these may still be running
+    let id = |what: &str| format!("trend-{what}-{}", std::process::id());
+    let share_only = simulate::run_as(&redis.url, &mix, &workload, &id("share"))
         .await
         .unwrap();
+    let mut trend_mix = mix.clone();
+    trend_mix.promotion.projected_wait = Some(Duration::from_secs(10).into());
+    let on_trend = simulate::run_as(&redis.url, &trend_mix, &workload, &id("on"))
+        .await
+        .unwrap();
+    assert_eq!(leftover_keys(&redis.url, "trend-"), Vec::<String>::new());
     println!("share only:\n{}", simulate::table(&share_only));
     println!("with projectedWait 10s:\n{}", simulate::table(&on_trend));
     let start = 2.0;
