@@ -19,6 +19,11 @@ use lanekeeper::store::{
 
 use support::dataplane::{env, fill, lease, seq_of, LEASE, Q};
 
+/// The tests that time Redis calls against a bound (`SLOWLOG`) take this
+/// lock, and so does every test that loads the machine for long, so that
+/// no other heavy test runs beside a timed one on a small machine.
+static HEAVY: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
 async fn store(policy: QueuePolicy) -> Store {
     support::dataplane::store(&support::redis::shared().url, policy).await
 }
@@ -1527,6 +1532,7 @@ async fn slowlog_from_1ms(conn: &mut redis::aio::MultiplexedConnection) -> u64 {
 /// is in the audit trail.
 #[tokio::test]
 async fn purge_and_replay_of_100000_envelopes_keep_every_redis_call_under_10ms() {
+    let _heavy = HEAVY.lock().await;
     use lanekeeper::store::{PurgeMode, ReplayPlan};
     let s = store(QueuePolicy::default()).await;
     s.set_shards(1).await.unwrap();
@@ -1974,6 +1980,7 @@ async fn the_sweep_survives_hostile_state_and_deletes_only_what_it_can_read() {
 /// test's keys move `used_memory`.
 #[tokio::test]
 async fn redis_memory_is_flat_after_100000_tenants_send_once_and_go_idle() {
+    let _heavy = HEAVY.lock().await;
     use lanekeeper::store::keys;
     let redis = support::redis::dedicated();
     let s = support::dataplane::store(&redis.url, sweeping()).await;
