@@ -2208,3 +2208,90 @@ async fn the_sweep_is_not_wedged_by_its_own_state_and_keeps_what_a_reset_would_g
         .unwrap()
         .contains(&"newcomer".to_string()));
 }
+
+/// Issue 21, item 2: a tenant's own in-flight cap (`spec.tenants[].maxInFlight`)
+/// holds at lease, at the parked tenant's rejoin on ack and on release,
+/// leaves the other tenants on the queue's cap, is dropped when the
+/// override goes, and gives way to strict order. A hostile stored cap is
+/// ignored, not obeyed.
+#[tokio::test]
+async fn a_tenants_own_in_flight_cap_holds_and_the_others_keep_the_queues() {
+    use lanekeeper::store::keys;
+    let with_caps = |caps: &[(&str, u32)]| QueuePolicy {
+        max_in_flight: 2,
+        caps: caps.iter().map(|(t, c)| (t.to_string(), *c)).collect(),
+        ..Default::default()
+    };
+    let s = store(with_caps(&[("vip", 5), ("tight", 1)])).await;
+    for t in ["vip", "tight", "plain"] {
+        fill(&s, Q, t, 10).await;
+    }
+    let mut held = Vec::new();
+    while let Some(l) = lease(&s, Q).await {
+        held.push(l);
+    }
+    let count =
+        |held: &[lanekeeper::store::Lease], t: &str| held.iter().filter(|l| l.tenant == t).count();
+    assert_eq!(
+        (
+            count(&held, "vip"),
+            count(&held, "tight"),
+            count(&held, "plain")
+        ),
+        (5, 1, 2),
+        "own caps 5 and 1, the queue's 2"
+    );
+    // an ack frees a slot: the parked tenant rejoins under its own cap
+    let i = held.iter().position(|l| l.tenant == "vip").unwrap();
+    s.ack(&held.remove(i), Duration::from_millis(1))
+        .await
+        .unwrap();
+    let next = lease(&s, Q).await.expect("vip rejoins");
+    assert_eq!(next.tenant, "vip");
+    assert!(lease(&s, Q).await.is_none());
+    held.push(next);
+    // a release does the same
+    let i = held.iter().position(|l| l.tenant == "tight").unwrap();
+    s.release(&held.remove(i)).await.unwrap();
+    let next = lease(&s, Q).await.expect("tight rejoins");
+    assert_eq!(next.tenant, "tight");
+    held.push(next);
+
+    // a hostile cap in Redis is ignored: the queue's cap holds
+    let mut conn = raw_conn().await;
+    let _: () = redis::cmd("HSET")
+        .arg(keys::caps(&s.queue_prefix(Q)))
+        .arg(&["plain", "1e9"])
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert!(lease(&s, Q).await.is_none(), "plain stays at the queue's 2");
+
+    // the override removed: vip is back on the queue's cap of 2
+    s.configure_queue(Q, &with_caps(&[])).await.unwrap();
+    for l in held.drain(..) {
+        s.ack(&l, Duration::from_millis(1)).await.unwrap();
+    }
+    while let Some(l) = lease(&s, Q).await {
+        held.push(l);
+    }
+    assert_eq!(
+        count(&held, "vip"),
+        2,
+        "{:?}",
+        held.iter().map(|l| &l.tenant).collect::<Vec<_>>()
+    );
+    // strict order: one each, whatever the caps say
+    let ordered = QueuePolicy {
+        ordered: true,
+        ..with_caps(&[("vip", 5)])
+    };
+    s.configure_queue(Q, &ordered).await.unwrap();
+    for l in held.drain(..) {
+        s.ack(&l, Duration::from_millis(1)).await.unwrap();
+    }
+    while let Some(l) = lease(&s, Q).await {
+        held.push(l);
+    }
+    assert_eq!(count(&held, "vip"), 1);
+}

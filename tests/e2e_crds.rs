@@ -202,6 +202,15 @@ fn explain_documents_fields() {
         "shardset.status.promotionCandidates.projectedWaitSeconds",
     ]);
     assert!(hot.contains("Hot on the trend"), "{hot}");
+    let overrides = cp.kubectl_ok(&["explain", "shardset.spec.tenants"]);
+    let overrides = overrides.split_whitespace().collect::<Vec<_>>().join(" ");
+    for field in ["maxInFlight", "rateLimit", "paused", "tier", "weight"] {
+        assert!(overrides.contains(field), "{field}: {overrides}");
+    }
+    assert!(
+        overrides.contains("Per-tenant overrides kept in Git"),
+        "{overrides}"
+    );
     let lane = cp.kubectl_ok(&["explain", "dedicatedlane.status.phase"]);
     assert!(lane.contains("Relocation phase"), "{lane}");
 }
@@ -297,9 +306,14 @@ spec:
     sweepIdleTenantsAfter: 30s
   promotion: {projectedWait: 10s}
   delivery: {deadLetters: {maxPerTenant: 0, maxAge: 1s}}
+  tenants:
+  - {tenant: vip, weight: 0, maxInFlight: 0, rateLimit: {perSecond: -1}}
 "#,
     );
     for want in [
+        "tenants[].weight must be at least 0.01 and at most 1000",
+        "tenants[].maxInFlight must be between 1 and 1000",
+        "rateLimits perSecond must be between 0 (unlimited) and 1000000",
         "promotion.projectedWait must be between 1m and 24h",
         "spec.scheduler.quantumSeconds",
         "scheduler.sweepIdleTenantsAfter must be 0s (never) or between 1m and 8760h",
@@ -311,6 +325,26 @@ spec:
     ] {
         assert!(err.contains(want), "missing {want:?} in:\n{err}");
     }
+
+    // One entry per tenant in spec.tenants (a list map keyed by tenant).
+    let err = rejected(
+        cp,
+        &ns,
+        r#"
+apiVersion: lanekeeper.io/v1alpha1
+kind: ShardSet
+metadata: {name: twice}
+spec:
+  shards: 1
+  redis: {url: "redis://redis:6379/0"}
+  worker: {image: "lanekeeper:dev"}
+  tenants: [{tenant: vip, weight: 2}, {tenant: vip, paused: true}]
+"#,
+    );
+    assert!(
+        err.contains("spec.tenants[1]") && err.contains("Duplicate value"),
+        "{err}"
+    );
 
     // Tenant ids in weights follow the one tenant rule (issue 24).
     for (name, tenant) in [

@@ -794,3 +794,131 @@ fn tier_assignments_sync_from_the_allowed_config_map_all_or_nothing() {
     support::process::signal(pid, libc::SIGKILL);
     support::redis::kill(&redis);
 }
+
+fn overrides_status(cp: &ControlPlane, ns: &str, name: &str) -> serde_json::Value {
+    let out = cp.kubectl_ok(&[
+        "get",
+        "shardset",
+        name,
+        "-n",
+        ns,
+        "-o",
+        "jsonpath={.status.tenantOverrides}",
+    ]);
+    serde_json::from_str(&out).unwrap_or_default()
+}
+
+/// Issue 21, item 2: per-tenant overrides from a `kubectl apply` of the
+/// ShardSet, by its author, reach Redis at the next reconcile: weight, cap
+/// and rate limit in the queue policy, the tier in the spec's tier hash
+/// (over the ConfigMap's, under the admin API's), and `paused: true` holds
+/// the tenant paused (a hand resume is undone); removing it resumes the
+/// tenant once. Status says what is in force, and the audit names the set.
+#[test]
+fn tenant_overrides_from_a_kubectl_apply_reach_redis_and_status() {
+    let cp = cluster();
+    let ns = cp.namespace("overrides");
+    let author = cp.shardset_author(&ns);
+    let redis = support::redis::dedicated();
+    let (pid, log) = cp.spawn_controller_with_rbac(&ns, &[], &[]);
+    let set = |tenants: &str| {
+        format!(
+            "apiVersion: lanekeeper.io/v1alpha1\nkind: ShardSet\nmetadata: {{name: hooks}}\n\
+             spec:\n  shards: 1\n  redis: {{url: \"{}\"}}\n  worker: {{image: \"lanekeeper:v1\", replicas: 1}}\n\
+             {tenants}",
+            redis.url
+        )
+    };
+    let apply = |yaml: &str| {
+        let out = kubectl_as(cp, &author, &["apply", "-n", &ns, "-f", "-"], Some(yaml));
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    };
+    let cli = |args: &[&str]| support::redis::cli(&redis, args).trim().to_string();
+    let q = format!(
+        "lk:{{{ns}/hooks/{}}}",
+        lanekeeper::routing::QueueId::Shard(0)
+    );
+    apply(&set(
+        "  tenants:\n\
+         \x20 - {tenant: vip, weight: 4, maxInFlight: 24, tier: gold}\n\
+         \x20 - {tenant: whale, rateLimit: {perSecond: 5, burst: 10}, paused: true}\n",
+    ));
+    wait_until("the overrides applied", Duration::from_secs(60), || {
+        overrides_status(cp, &ns, "hooks")["paused"] == serde_json::json!(["whale"])
+    });
+    let st = overrides_status(cp, &ns, "hooks");
+    assert_eq!(st["tenants"], 2, "{st}");
+    assert_eq!(cli(&["HGET", &format!("{q}:weights"), "vip"]), "4");
+    assert_eq!(cli(&["HGET", &format!("{q}:caps"), "vip"]), "24");
+    assert_eq!(cli(&["HGET", &format!("{q}:limits"), "whale"]), "5 10 0 0");
+    assert_eq!(
+        cli(&["HGET", &format!("lk:{{{ns}/hooks}}:tiers:spec"), "vip"]),
+        "gold"
+    );
+    assert_eq!(cli(&["HGET", &format!("{q}:t:whale"), "up"]), "1");
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let store = rt
+        .block_on(lanekeeper::store::Store::connect(
+            &redis.url,
+            lanekeeper::store::SetId::new(&ns, "hooks"),
+            Default::default(),
+        ))
+        .unwrap();
+    let audit = rt.block_on(store.audit_entries(Some("whale"), 10)).unwrap();
+    assert!(
+        audit
+            .iter()
+            .any(|e| e.who == format!("shardset:{ns}/hooks") && e.operation == "pause"),
+        "{audit:?}"
+    );
+    // the admin API's tier wins over the spec's
+    rt.block_on(store.put_api_tiers(&[("vip".into(), Some("silver".into()))]))
+        .unwrap();
+    let tiers = rt.block_on(store.tenant_tiers(&["vip"])).unwrap();
+    assert_eq!(tiers, vec![Some("silver".to_string())]);
+
+    // a hand resume is undone while Git says paused
+    rt.block_on(store.user_pause_audited("whale", false, "test:ops", None))
+        .unwrap();
+    cp.kubectl_ok(&[
+        "annotate",
+        "shardset",
+        "hooks",
+        "-n",
+        &ns,
+        "--overwrite",
+        "poke=1",
+    ]);
+    wait_until("whale paused again", Duration::from_secs(60), || {
+        cli(&["HGET", &format!("{q}:t:whale"), "up"]) == "1"
+    });
+    let events = cp.kubectl_ok(&["get", "events", "-n", &ns, "-o", "json"]);
+    assert!(events.contains("PausedBySpec"), "{events}");
+
+    // removed from Git: resumed once, and the rest of its overrides go
+    apply(&set("  tenants:\n  - {tenant: vip, weight: 4}\n"));
+    wait_until("whale resumed", Duration::from_secs(60), || {
+        cli(&["HGET", &format!("{q}:t:whale"), "up"]) == "0"
+            && overrides_status(cp, &ns, "hooks").get("paused").is_none()
+    });
+    assert_eq!(cli(&["HGET", &format!("{q}:caps"), "vip"]), "");
+    assert_eq!(cli(&["HGET", &format!("{q}:limits"), "whale"]), "");
+    assert_eq!(
+        cli(&["HGET", &format!("lk:{{{ns}/hooks}}:tiers:spec"), "vip"]),
+        ""
+    );
+    let events = cp.kubectl_ok(&["get", "events", "-n", &ns, "-o", "json"]);
+    assert!(events.contains("ResumedBySpec"), "{events}");
+    // no overrides at all: the status field goes
+    apply(&set(""));
+    wait_until("no overrides status", Duration::from_secs(60), || {
+        overrides_status(cp, &ns, "hooks").is_null()
+    });
+    let _ = log;
+    support::process::signal(pid, libc::SIGKILL);
+    support::redis::kill(&redis);
+}

@@ -85,9 +85,10 @@ pub async fn run(args: TiersArgs) -> anyhow::Result<()> {
             let s = store.tier_sources(&tenant).await?;
             let show = |t: &Option<String>| t.clone().unwrap_or_else(|| "-".into());
             println!(
-                "tenant\t{tenant}\ntier\t{}\napi\t{}\nconfigMap\t{}",
+                "tenant\t{tenant}\ntier\t{}\napi\t{}\nshardSet\t{}\nconfigMap\t{}",
                 s.effective().unwrap_or("-"),
                 show(&s.api),
+                show(&s.spec),
                 show(&s.config_map)
             );
         }

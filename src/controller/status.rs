@@ -25,6 +25,8 @@ pub struct RedisView {
     pub tiers: Option<crate::crd::TierAssignmentsStatus>,
     /// Tenants a user paused, by queue.
     pub paused: Vec<(QueueId, String)>,
+    /// What was applied of `spec.tenants`.
+    pub overrides: Option<crate::crd::TenantOverridesStatus>,
 }
 
 impl Default for RedisView {
@@ -36,6 +38,7 @@ impl Default for RedisView {
             epoch: None,
             tiers: None,
             paused: Vec::new(),
+            overrides: None,
         }
     }
 }
@@ -467,6 +470,10 @@ pub fn compute(
         tier_assignments: match redis {
             Ok(view) => view.tiers.clone(),
             Err(_) => prev.tier_assignments.clone(),
+        },
+        tenant_overrides: match redis {
+            Ok(view) => view.overrides.clone(),
+            Err(_) => prev.tenant_overrides.clone(),
         },
         paused_tenants: match redis {
             Ok(view) => paused_tenants(&view.paused),

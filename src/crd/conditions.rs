@@ -59,6 +59,11 @@ pub const DUPLICATE_TENANT: &str = "DuplicateTenant";
 pub const WAITING_FOR_RESHARD: &str = "WaitingForReshard";
 pub const SHARD_SET_NOT_FOUND: &str = "ShardSetNotFound";
 pub const TIER_ASSIGNMENTS_SYNCED: &str = "TierAssignmentsSynced";
+/// Event: `spec.tenants[].paused` paused or resumed a tenant.
+pub const PAUSED_BY_SPEC: &str = "PausedBySpec";
+pub const RESUMED_BY_SPEC: &str = "ResumedBySpec";
+/// Event: a pause or resume `spec.tenants` asks for could not be applied.
+pub const TENANT_OVERRIDE_FAILED: &str = "TenantOverrideFailed";
 pub const INVALID_TIER_ASSIGNMENTS: &str = "InvalidTierAssignments";
 pub const TIER_CONFIG_MAP_NOT_FOUND: &str = "TierConfigMapNotFound";
 pub const TIER_CONFIG_MAP_NOT_ALLOWED: &str = "TierConfigMapNotAllowed";

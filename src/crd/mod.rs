@@ -99,6 +99,33 @@ mod tests {
     }
 
     #[test]
+    fn tenant_overrides_win_over_the_set_wide_settings_in_the_queue_policy() {
+        let spec: ShardSetSpec = serde_json::from_value(serde_json::json!({
+            "shards": 1,
+            "redis": {"url": "redis://r:6379"},
+            "worker": {"image": "w:1"},
+            "scheduler": {
+                "weights": [{"tenant": "vip", "weight": 2}, {"tenant": "other", "weight": 3}],
+                "rateLimits": {"tenants": [{"tenant": "whale", "perSecond": 10}]},
+            },
+            "tenants": [
+                {"tenant": "vip", "weight": 5, "maxInFlight": 32},
+                {"tenant": "whale", "rateLimit": {"perSecond": 2, "burst": 4}, "paused": true},
+                {"tenant": "plain", "tier": "gold"},
+            ],
+        }))
+        .unwrap();
+        let p = crate::policy::QueuePolicy::from_spec(&spec);
+        assert_eq!(p.weights.get("vip"), Some(&5.0));
+        assert_eq!(p.weights.get("other"), Some(&3.0));
+        assert_eq!(p.caps.get("vip"), Some(&32));
+        assert_eq!(p.caps.len(), 1);
+        let whale = p.rate_limits.tenants["whale"];
+        assert_eq!((whale.per_second, whale.burst), (2.0, 4.0));
+        assert!(!p.weights.contains_key("plain") && !p.caps.contains_key("plain"));
+    }
+
+    #[test]
     fn rendered_yaml_round_trips() {
         for crd in all() {
             let yaml = to_yaml(&crd).unwrap();

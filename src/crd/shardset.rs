@@ -97,6 +97,57 @@ pub struct ShardSetSpec {
     /// How a tenant is moved between queues (lane promotion, demotion and resharding).
     #[serde(default)]
     pub relocation: RelocationSpec,
+
+    /// Per-tenant overrides kept in Git for known whales and VIPs, at most
+    /// 1000, one entry per tenant: weight, tier, in-flight cap, delivery
+    /// rate limit, paused. Each wins over the set-wide setting of the same
+    /// thing (`scheduler.weights`, the tier ConfigMap, `scheduler.rateLimits`);
+    /// a tier set through the admin API wins over this one. Applied at the
+    /// next reconcile and shown in `status.tenantOverrides`. `paused: true`
+    /// holds the tenant paused (a resume by hand is undone at the next
+    /// reconcile, with an Event); removing it, or setting it false, resumes
+    /// the tenant once.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[x_kube(merge_strategy = ListMerge::Map(vec!["tenant".into()]))]
+    #[schemars(length(max = 1000))]
+    pub tenants: Vec<TenantOverride>,
+}
+
+/// One tenant's overrides (`spec.tenants[]`). Unset fields leave the
+/// set-wide setting in force.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct TenantOverride {
+    /// Tenant id.
+    // A pattern, not CEL: a list of 1000 regex rules would blow the CEL cost budget.
+    #[schemars(
+        length(min = 1, max = 128),
+        regex(pattern = r"^[A-Za-z0-9][A-Za-z0-9._:-]*$")
+    )]
+    pub tenant: String,
+    /// Scheduling weight, 0.01 to 1000 (over `scheduler.weights`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[x_kube(validation = Rule::new("self >= 0.01 && self <= 1000.0").message("tenants[].weight must be at least 0.01 and at most 1000"))]
+    pub weight: Option<f64>,
+    /// Tier name (over the tier ConfigMap; the admin API's wins).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(
+        length(min = 1, max = 63),
+        regex(pattern = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
+    )]
+    pub tier: Option<String>,
+    /// Deliveries in flight at once, 1 to 1000 (over
+    /// `scheduler.maxInFlightPerTenant`; under `PerTenant` ordering every
+    /// tenant's cap stays 1).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[x_kube(validation = Rule::new("self >= 1 && self <= 1000").message("tenants[].maxInFlight must be between 1 and 1000"))]
+    pub max_in_flight: Option<i32>,
+    /// Delivery rate limit (over `scheduler.rateLimits`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rate_limit: Option<RateLimitSpec>,
+    /// Hold the tenant paused (`true`), as `lanekeeper tenant pause` does.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub paused: Option<bool>,
 }
 
 /// Connection to the Redis server or Redis Cluster that holds this set's
@@ -1046,6 +1097,27 @@ pub struct ShardSetStatus {
     /// The tier assignments read from `scheduler.tierAssignments`' ConfigMap.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tier_assignments: Option<TierAssignmentsStatus>,
+
+    /// What the controller applied of `spec.tenants`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tenant_overrides: Option<TenantOverridesStatus>,
+}
+
+/// What the controller applied of `spec.tenants` at its last reconcile.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct TenantOverridesStatus {
+    /// Tenants with overrides in force.
+    pub tenants: i32,
+    /// Tenants the spec holds paused (`paused: true`), by name.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 1000))]
+    pub paused: Vec<String>,
+    /// What could not be applied this time (a pause or resume that failed);
+    /// the next reconcile tries again.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 1024))]
+    pub message: Option<String>,
 }
 
 /// What the controller synced from the tier ConfigMap.
@@ -1170,6 +1242,16 @@ impl crate::policy::QueuePolicy {
                 .weights
                 .iter()
                 .map(|w| (w.tenant.clone(), w.weight))
+                .chain(
+                    spec.tenants
+                        .iter()
+                        .filter_map(|o| Some((o.tenant.clone(), o.weight?))),
+                )
+                .collect(),
+            caps: spec
+                .tenants
+                .iter()
+                .filter_map(|o| Some((o.tenant.clone(), o.max_in_flight?.max(1) as u32)))
                 .collect(),
             tier_weights: s
                 .tier_weights
@@ -1205,6 +1287,9 @@ impl crate::policy::QueuePolicy {
                     .tenants
                     .iter()
                     .map(|t| (t.tenant.clone(), t.limit.to_policy()))
+                    .chain(spec.tenants.iter().filter_map(|o| {
+                        Some((o.tenant.clone(), o.rate_limit.as_ref()?.to_policy()))
+                    }))
                     .collect(),
             },
             ..Self::default()

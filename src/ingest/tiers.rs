@@ -28,6 +28,7 @@ async fn tier_out(ingest: &Ingest, tenant: String) -> Result<TierOut, ApiError> 
     Ok(TierOut {
         tier: s.effective().map(str::to_string),
         api: s.api,
+        shard_set: s.spec,
         config_map: s.config_map,
         tenant,
     })

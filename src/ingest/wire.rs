@@ -194,11 +194,13 @@ pub struct TierIn {
 #[serde(rename_all = "camelCase")]
 pub struct TierOut {
     pub tenant: String,
-    /// The tier in force (`api`, else `configMap`); null: none, the tenant
-    /// gets the default weight.
+    /// The tier in force (`api`, else `shardSet`, else `configMap`); null:
+    /// none, the tenant gets the default weight.
     pub tier: Option<String>,
     /// Set through this API.
     pub api: Option<String>,
+    /// From the ShardSet's `spec.tenants[].tier`.
+    pub shard_set: Option<String>,
     /// From the ShardSet's `scheduler.tierAssignments` ConfigMap.
     pub config_map: Option<String>,
 }

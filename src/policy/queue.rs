@@ -29,6 +29,9 @@ pub struct QueuePolicy {
     pub default_weight: f64,
     /// Per-tenant weights; a tenant's own weight wins over its tier's.
     pub weights: BTreeMap<String, f64>,
+    /// Per-tenant in-flight caps, over `max_in_flight` (not under strict
+    /// order, where every tenant's cap is 1).
+    pub caps: BTreeMap<String, u32>,
     /// Per-tier weights, for tenants whose tier (`tr`, set at enqueue from
     /// the set's tier assignments) is listed; any other tenant gets
     /// `default_weight`.
@@ -168,6 +171,7 @@ impl Default for QueuePolicy {
             ordered: false,
             default_weight: 1.0,
             weights: BTreeMap::new(),
+            caps: BTreeMap::new(),
             tier_weights: BTreeMap::new(),
             initial_estimate_seconds: 1.0,
             max_attempts: 10,

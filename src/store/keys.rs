@@ -36,6 +36,13 @@ pub fn tiers(set: &SetId) -> String {
     format!("lk:{{{}/{}}}:tiers", set.namespace, set.name)
 }
 
+/// Tier assignments from the ShardSet's `spec.tenants[].tier`:
+/// `lk:{<namespace>/<set>}:tiers:spec` (a hash, tenant -> tier; wins over
+/// [`tiers`], loses to [`tiers_api`]; the controller rewrites it).
+pub fn tiers_spec(set: &SetId) -> String {
+    format!("lk:{{{}/{}}}:tiers:spec", set.namespace, set.name)
+}
+
 /// Tier assignments through the ingest admin API: `lk:{<namespace>/<set>}:tiers:api`
 /// (a hash, tenant -> tier; wins over [`tiers`]).
 pub fn tiers_api(set: &SetId) -> String {
@@ -93,6 +100,11 @@ pub fn conf(prefix: &str) -> String {
 /// The tenants' weights (`P:weights`, a hash).
 pub fn weights(prefix: &str) -> String {
     format!("{prefix}:weights")
+}
+
+/// The tenants' own in-flight caps (`P:caps`, a hash: tenant -> cap).
+pub fn caps(prefix: &str) -> String {
+    format!("{prefix}:caps")
 }
 
 /// The tenants' own rate limits (`P:limits`, a hash: tenant ->
@@ -193,6 +205,7 @@ mod tests {
         assert_eq!(endpoints(&set, "acme"), "lk:{ns/web}:endpoints:acme");
         assert_eq!(tiers(&set), "lk:{ns/web}:tiers");
         assert_eq!(tiers_api(&set), "lk:{ns/web}:tiers:api");
+        assert_eq!(tiers_spec(&set), "lk:{ns/web}:tiers:spec");
         assert_eq!(tiers_synced(&set), "lk:{ns/web}:tiers:synced");
         assert_eq!(pause_version(&set), "lk:{ns/web}:pausev");
         assert_eq!(audit(&set), "lk:{ns/web}:audit");

@@ -132,6 +132,7 @@ impl Store {
                     .map(|(tier, w)| format!("tw.{tier}={w}")),
             )
             .chain(rate_limit_entries(&policy.rate_limits))
+            .chain((!policy.caps.is_empty()).then(|| "capn=1".to_string()))
             .collect::<Vec<_>>()
             .join(" ");
         let mut pipe = redis::pipe();
@@ -143,6 +144,8 @@ impl Store {
             .del(keys::weights(&p))
             .ignore()
             .del(keys::limits(&p))
+            .ignore()
+            .del(keys::caps(&p))
             .ignore();
         // bounded by the CRD (10,000 entries each); written in chunks so no
         // one command carries them all
@@ -162,6 +165,14 @@ impl Store {
             .collect();
         for chunk in limits.chunks(1000) {
             pipe.hset_multiple(keys::limits(&p), chunk).ignore();
+        }
+        let caps: Vec<(String, String)> = policy
+            .caps
+            .iter()
+            .map(|(t, c)| (t.clone(), c.max(&1).to_string()))
+            .collect();
+        for chunk in caps.chunks(1000) {
+            pipe.hset_multiple(keys::caps(&p), chunk).ignore();
         }
         let mut conn = self.conn.clone();
         pipe.query_async::<()>(&mut conn).await?;

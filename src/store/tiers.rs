@@ -1,7 +1,9 @@
-//! Tier assignments of a set's tenants, in two set-level hashes (tenant ->
+//! Tier assignments of a set's tenants, in three set-level hashes (tenant ->
 //! tier): `lk:{<namespace>/<set>}:tiers:api`, written by the ingest admin
-//! API, and `lk:{<namespace>/<set>}:tiers`, synced by the controller from
-//! the ShardSet's ConfigMap (`scheduler.tierAssignments`). The API's wins.
+//! API; `lk:{<namespace>/<set>}:tiers:spec`, written by the controller from
+//! the ShardSet's `spec.tenants[].tier`; and `lk:{<namespace>/<set>}:tiers`,
+//! synced by the controller from the ShardSet's ConfigMap
+//! (`scheduler.tierAssignments`). The API's wins, then the spec's.
 //! Ingest reads a tenant's tier here (cached) and passes it with each
 //! enqueue, which keeps it in the tenant's queue state (`tr`), where the
 //! scheduler reads it with the state it reads anyway.
@@ -22,14 +24,19 @@ pub const TIER_CHUNK: usize = 1000;
 pub struct TierSources {
     /// Set through the ingest admin API.
     pub api: Option<String>,
+    /// From the ShardSet's `spec.tenants[].tier`.
+    pub spec: Option<String>,
     /// From the ShardSet's tier ConfigMap.
     pub config_map: Option<String>,
 }
 
 impl TierSources {
-    /// The tier in force: the API's, else the ConfigMap's.
+    /// The tier in force: the API's, else the spec's, else the ConfigMap's.
     pub fn effective(&self) -> Option<&str> {
-        self.api.as_deref().or(self.config_map.as_deref())
+        self.api
+            .as_deref()
+            .or(self.spec.as_deref())
+            .or(self.config_map.as_deref())
     }
 }
 
@@ -46,16 +53,22 @@ impl Store {
     /// The tier sources of one tenant.
     pub async fn tier_sources(&self, tenant: &str) -> Result<TierSources> {
         let mut conn = self.conn.clone();
-        let (api, config_map): (Option<String>, Option<String>) = redis::pipe()
-            .hget(keys::tiers_api(&self.set), tenant)
-            .hget(keys::tiers(&self.set), tenant)
-            .query_async(&mut conn)
-            .await?;
-        Ok(TierSources { api, config_map })
+        let (api, spec, config_map): (Option<String>, Option<String>, Option<String>) =
+            redis::pipe()
+                .hget(keys::tiers_api(&self.set), tenant)
+                .hget(keys::tiers_spec(&self.set), tenant)
+                .hget(keys::tiers(&self.set), tenant)
+                .query_async(&mut conn)
+                .await?;
+        Ok(TierSources {
+            api,
+            spec,
+            config_map,
+        })
     }
 
-    /// The tier in force of each of `tenants` (the API's, else the
-    /// ConfigMap's), in order: two HMGETs in one round trip.
+    /// The tier in force of each of `tenants` (the API's, else the spec's,
+    /// else the ConfigMap's), in order: three HMGETs in one round trip.
     pub async fn tenant_tiers(&self, tenants: &[&str]) -> Result<Vec<Option<String>>> {
         if tenants.is_empty() {
             return Ok(Vec::new());
@@ -65,10 +78,34 @@ impl Store {
         pipe.cmd("HMGET")
             .arg(keys::tiers_api(&self.set))
             .arg(tenants);
+        pipe.cmd("HMGET")
+            .arg(keys::tiers_spec(&self.set))
+            .arg(tenants);
         pipe.cmd("HMGET").arg(keys::tiers(&self.set)).arg(tenants);
-        let (api, cm): (Vec<Option<String>>, Vec<Option<String>>) =
-            pipe.query_async(&mut conn).await?;
-        Ok(api.into_iter().zip(cm).map(|(a, c)| a.or(c)).collect())
+        type Column = Vec<Option<String>>;
+        let (api, spec, cm): (Column, Column, Column) = pipe.query_async(&mut conn).await?;
+        Ok(api
+            .into_iter()
+            .zip(spec)
+            .zip(cm)
+            .map(|((a, s), c)| a.or(s).or(c))
+            .collect())
+    }
+
+    /// Make the spec's tier hash hold exactly `want` (the ShardSet's
+    /// `spec.tenants[].tier`, at most 1000): replaced in one MULTI, so
+    /// ingest never reads it half written.
+    pub async fn put_spec_tiers(&self, want: &BTreeMap<String, String>) -> Result<()> {
+        let key = keys::tiers_spec(&self.set);
+        let mut pipe = redis::pipe();
+        pipe.atomic().del(&key).ignore();
+        let pairs: Vec<(&str, &str)> = want.iter().map(|(t, v)| (t.as_str(), v.as_str())).collect();
+        for chunk in pairs.chunks(TIER_CHUNK) {
+            pipe.hset_multiple(&key, chunk).ignore();
+        }
+        let mut conn = self.conn.clone();
+        pipe.query_async::<()>(&mut conn).await?;
+        Ok(())
     }
 
     /// Write API assignments in order (`None` clears the tenant's API

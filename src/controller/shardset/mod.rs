@@ -4,6 +4,7 @@ mod apply;
 mod finalize;
 #[cfg(test)]
 pub(crate) mod mock_tests;
+mod overrides;
 mod redis;
 mod tiers;
 

@@ -251,5 +251,6 @@ pub(super) async fn sync_redis(
         .set(set.spec.shards as i64);
     view.settings = store.redis_settings().await.map_err(|e| e.to_string());
     view.tiers = super::tiers::sync_tiers(set, ctx, store).await;
+    view.overrides = super::overrides::sync_overrides(set, ctx, store, &view.paused).await;
     Ok(view)
 }

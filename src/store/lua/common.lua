@@ -11,6 +11,8 @@
 --                           version a producer may enqueue with: a reshard's fence, see
 --                           enqueue.lua); mnext (next time a lease does maintenance)
 --   P:weights         HASH  tenant -> weight
+--   P:caps            HASH  tenant -> its own in-flight cap (a ShardSet's spec.tenants[].maxInFlight),
+--                           read only when the policy says capn=1; ignored under strict order
 --   P:limits          HASH  tenant -> "<rate> <burst> <erate> <eburst>": a tenant's own delivery
 --                           rate limit (per second; a rate of 0 is unlimited), read only when the
 --                           policy says rln=1
@@ -116,6 +118,8 @@ local SWEEP_MS
 -- Delivery rate limits: the default (false: none), per tier, whether
 -- P:limits has entries, and whether any of them is set at all.
 local RL_DEFAULT, RL_TIERS, RL_TENANTS, RL_ANY
+-- Whether P:caps holds tenants' own in-flight caps (policy capn=1).
+local CAP_TENANTS
 -- A virtual clock (ms), set only by the capacity simulator (`lanekeeper
 -- simulate`, through Store::set_virtual_clock); nil means Redis TIME.
 local CLOCK
@@ -198,6 +202,7 @@ local function parse_policy(raw)
     tw = tw,
     rl = v.rl and parse_limit(v.rl) or false, rlt = rlt, rln = v.rln == '1',
     rlany = (v.rl ~= nil) or (next(rlt) ~= nil) or v.rln == '1',
+    capn = v.capn == '1',
   }
 end
 
@@ -227,6 +232,7 @@ local function begin(keys)
   PACE_MAX = pol.pmax
   SWEEP_MS = pol.sweep
   RL_DEFAULT, RL_TIERS, RL_TENANTS, RL_ANY = pol.rl, pol.rlt, pol.rln, pol.rlany
+  CAP_TENANTS = pol.capn
   MAINT_NEXT = num(conf[2], 0)
   CLOCK = conf[3] and tonumber(conf[3])
   MIN_ROUTE_RAW = conf[4]
@@ -357,6 +363,18 @@ local function quantum(t, tr)
   return math.max(math.floor(QUANTUM * weight(t, tr) + 0.5), MIN_QUANTUM)
 end
 
+-- A tenant's in-flight cap: 1 under strict order, else its own (P:caps,
+-- only looked up when the policy says some tenant has one), else the
+-- queue's. A stored cap that is not a whole number from 1 is ignored.
+local function cap_of(t)
+  if ORDERED then return 1 end
+  if CAP_TENANTS then
+    local c = tonumber(redis.call('HGET', P .. ':caps', t))
+    if c and c >= 1 and c <= 100000 then return math.floor(c) end
+  end
+  return CAP
+end
+
 -- ---- delivery rate limits: token buckets checked at lease ---------------
 -- A tenant's limit is its own entry in P:limits (only looked up when the
 -- policy says some tenant has one), else its tier's, else the queue's
@@ -457,7 +475,7 @@ local function release(t)
   local tk = tkey(t)
   local f = redis.call('HINCRBY', tk, 'f', -1)
   if f < 0 then redis.call('HSET', tk, 'f', 0); f = 0 end
-  if redis.call('HGET', tk, 'k') == '1' and f < CAP then
+  if redis.call('HGET', tk, 'k') == '1' and f < cap_of(t) then
     redis.call('HSET', tk, 'k', 0)
     activate(t)
   end
@@ -612,7 +630,7 @@ local function settle(t, charged, actual, now, free_slot, outcome)
   -- blocks it or a user paused it) in this same write. It was parked with work queued; should
   -- its lane be empty now, its next turn finds that and takes it off.
   local rejoin = false
-  if free_slot and st[3] == '1' and f < CAP then
+  if free_slot and st[3] == '1' and f < cap_of(t) then
     set[n + 1] = 'k'; set[n + 2] = '0'; n = n + 2
     if st[7] ~= '1' and st[9] ~= '1' then
       set[n + 1] = 'r'; set[n + 2] = '1'; n = n + 2

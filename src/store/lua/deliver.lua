@@ -1,4 +1,4 @@
--- Helpers (common.lua): istr, num, lease_member, end_lease, tkey, lane, ekey, adopt, quantum,
+-- Helpers (common.lua): istr, num, lease_member, end_lease, tkey, lane, ekey, adopt, quantum, cap_of,
 --   limit_of, bucket_level, token_due, endpoint_gate, spend_endpoint,
 --   breaker_gate, breaker_record, unblock_due, paced_until, pace_clear, settle, dead_letter,
 --   delayed_member, promote_due, reap
@@ -8,15 +8,16 @@
 -- tenant at the head of the ring where it belongs. `budget` is what its
 -- fresh turn may still charge (0 outside one). `set` holds the tenant
 -- fields the caller has changed; they are written with this step's in one HSET.
--- `tr` is the tenant's tier as the caller read it (nil: none).
-local function reposition(t, tk, d, f, charged, budget, set, tr)
+-- `tr` is the tenant's tier as the caller read it (nil: none), `cap` its
+-- in-flight cap (cap_of).
+local function reposition(t, tk, d, f, charged, budget, set, tr, cap)
   local n = #set
   if redis.call('LLEN', lane(t)) == 0 then
     -- idle: leaves the ring and keeps no credit (debt stays)
     redis.call('LPOP', RING)
     set[n + 1] = 'r'; set[n + 2] = '0'; set[n + 3] = 'd'; set[n + 4] = math.min(d, 0)
     set[n + 5] = 'b'; set[n + 6] = '0'
-  elseif f >= CAP then
+  elseif f >= cap then
     -- at its cap: parked off the ring until a slot frees, so it is not rescanned
     redis.call('LPOP', RING)
     set[n + 1] = 'r'; set[n + 2] = '0'; set[n + 3] = 'k'; set[n + 4] = '1'; set[n + 5] = 'b'; set[n + 6] = '0'
@@ -106,7 +107,8 @@ local function lease_next(lease_ms, token, budget, now)
       pace_clear(t)
       pz = 0
     end
-    local ready = d > 0 and f < CAP and not upaused
+    local cap = cap_of(t)
+    local ready = d > 0 and f < cap and not upaused
     -- the tenant's token bucket, checked with its credit and cap: out of
     -- tokens, it steps off the ring until the next one is due
     local lim = ready and RL_ANY and limit_of(t, tr)
@@ -157,7 +159,7 @@ local function lease_next(lease_ms, token, budget, now)
         -- endpoints keep flowing
         redis.call('ZADD', DELAYED, paced, delayed_member(t, id, false))
         redis.call('HINCRBY', tk, 'w', 1)
-        reposition(t, tk, d, f, 0, b, {}, tr)
+        reposition(t, tk, d, f, 0, b, {}, tr, cap)
       end
     elseif id and pass ~= true then
       -- the head envelope's endpoint is broken or out of tokens: the tenant
@@ -170,7 +172,7 @@ local function lease_next(lease_ms, token, budget, now)
         -- an id without its record cannot be delivered; say so instead of dropping it silently
         local c = redis.call('HMGET', tk, 'n', 'ko')
         dead_letter(t, id, 0, MISSING, now, '', '')
-        reposition(t, tk, d, f, 0, b, { 'n', math.max(num(c[1], 0) - 1, 0), 'ko', num(c[2], 0) + 1 }, tr)
+        reposition(t, tk, d, f, 0, b, { 'n', math.max(num(c[1], 0) - 1, 0), 'ko', num(c[2], 0) + 1 }, tr, cap)
       else
         local deadline = now + lease_ms
         -- the estimate as stored, when it is: no number to format
@@ -181,11 +183,11 @@ local function lease_next(lease_ms, token, budget, now)
         local set = { 'd', d, 'f', istr(f) }
         if level then set[5] = 'tk'; set[6] = level - ONE_TOKEN; set[7] = 'tu'; set[8] = now end
         if ekk then spend_endpoint(ekk, elevel, lim, now) end
-        reposition(t, tk, d, f, e, b, set, tr)
+        reposition(t, tk, d, f, e, b, set, tr, cap)
         return { 'LEASED', id, t, env[1], env[2], env[3], member, deadline, env[4], change }
       end
     else
-      reposition(t, tk, d, f, 0, b, {}, tr)
+      reposition(t, tk, d, f, 0, b, {}, tr, cap)
     end
   end
   return { 'AGAIN' }

@@ -1,0 +1,215 @@
+//! The `spec.tenants` step of a ShardSet reconcile: per-tenant overrides a
+//! platform team keeps in Git. Weights, in-flight caps and rate limits go
+//! into the queue policies (`QueuePolicy::from_spec`, written by the queue
+//! sync before this step); this step writes the tiers into the set's spec
+//! tier hash and holds the `paused: true` tenants paused.
+//!
+//! A pause is level-triggered: a tenant the spec holds paused and that is
+//! not paused (a hand resume, Redis restarted empty) is paused again, with
+//! an Event. A resume is edge-triggered: a tenant that leaves the list
+//! (`paused` removed or false) is resumed once, so the spec never undoes a
+//! pause it did not make. Both are audited as `shardset:<ns>/<name>`.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use kube::runtime::events::EventType;
+use kube::{Resource, ResourceExt};
+use tracing::warn;
+
+use crate::controller::Context;
+use crate::crd::{conditions, ShardSet, TenantOverridesStatus};
+use crate::routing::QueueId;
+use crate::store::Store;
+
+/// Pure: what the spec asks for, as (tiers, tenants held paused, tenants
+/// to resume because they left the list since `prev`).
+pub(crate) fn plan(
+    set: &ShardSet,
+    prev: Option<&TenantOverridesStatus>,
+) -> (BTreeMap<String, String>, BTreeSet<String>, BTreeSet<String>) {
+    let tiers = set
+        .spec
+        .tenants
+        .iter()
+        .filter_map(|o| Some((o.tenant.clone(), o.tier.clone()?)))
+        .collect();
+    let paused: BTreeSet<String> = set
+        .spec
+        .tenants
+        .iter()
+        .filter(|o| o.paused == Some(true))
+        .map(|o| o.tenant.clone())
+        .collect();
+    let resume = prev
+        .map(|p| {
+            p.paused
+                .iter()
+                .filter(|t| !paused.contains(*t))
+                .cloned()
+                .collect()
+        })
+        .unwrap_or_default();
+    (tiers, paused, resume)
+}
+
+/// Apply the overrides Redis does not hold through the queue policies.
+/// `user_paused`: the tenants paused now, as the queue sync read them.
+/// Never fails the reconcile: what fails is said in status and an Event,
+/// and tried again at the next reconcile.
+pub(super) async fn sync_overrides(
+    set: &ShardSet,
+    ctx: &Context,
+    store: &Store,
+    user_paused: &[(QueueId, String)],
+) -> Option<TenantOverridesStatus> {
+    let prev = set
+        .status
+        .as_ref()
+        .and_then(|s| s.tenant_overrides.as_ref());
+    if set.spec.tenants.is_empty() && prev.is_none_or(|p| p.paused.is_empty()) {
+        // nothing asked, nothing to undo; drop any tiers an earlier spec set
+        if let Err(e) = store.put_spec_tiers(&BTreeMap::new()).await {
+            warn!(set = %set.name_any(), error = %e, "cannot clear the spec's tier assignments; retrying");
+        }
+        return None;
+    }
+    let (tiers, paused, resume) = plan(set, prev);
+    let mut failed: Vec<String> = Vec::new();
+    if let Err(e) = store.put_spec_tiers(&tiers).await {
+        failed.push(format!("tiers: {e}"));
+    }
+    let who = format!(
+        "shardset:{}/{}",
+        set.namespace().unwrap_or_default(),
+        set.name_any()
+    );
+    let now_paused: BTreeSet<&str> = user_paused.iter().map(|(_, t)| t.as_str()).collect();
+    let object = set.object_ref(&());
+    for t in paused.iter().filter(|t| !now_paused.contains(t.as_str())) {
+        match store
+            .user_pause_audited(t, true, &who, Some("spec.tenants[].paused"))
+            .await
+        {
+            Ok(o) if o.changed => {
+                let note = format!("paused tenant {t} in {} (spec.tenants[].paused)", o.queue);
+                ctx.event(
+                    &object,
+                    EventType::Normal,
+                    conditions::PAUSED_BY_SPEC,
+                    "PauseTenant",
+                    note,
+                )
+                .await;
+            }
+            Ok(_) => {}
+            Err(e) => failed.push(format!("pause {t}: {e}")),
+        }
+    }
+    for t in &resume {
+        match store
+            .user_pause_audited(t, false, &who, Some("removed from spec.tenants[].paused"))
+            .await
+        {
+            Ok(o) if o.changed => {
+                let note = format!(
+                    "resumed tenant {t} in {} (no longer paused in spec.tenants)",
+                    o.queue
+                );
+                ctx.event(
+                    &object,
+                    EventType::Normal,
+                    conditions::RESUMED_BY_SPEC,
+                    "ResumeTenant",
+                    note,
+                )
+                .await;
+            }
+            Ok(_) => {}
+            Err(e) => failed.push(format!("resume {t}: {e}")),
+        }
+    }
+    let message = (!failed.is_empty()).then(|| {
+        let mut m = failed.join("; ");
+        m.truncate(
+            (0..=1000)
+                .rev()
+                .find(|&i| m.is_char_boundary(i))
+                .unwrap_or(0),
+        );
+        m
+    });
+    if let Some(m) = &message {
+        warn!(set = %set.name_any(), "spec.tenants: {m}");
+        if prev.and_then(|p| p.message.as_ref()) != Some(m) {
+            ctx.event(
+                &object,
+                EventType::Warning,
+                conditions::TENANT_OVERRIDE_FAILED,
+                "ApplyOverrides",
+                m.clone(),
+            )
+            .await;
+        }
+    }
+    // a resume that failed stays listed, so the next reconcile tries again
+    let mut listed: BTreeSet<String> = paused;
+    for t in &resume {
+        if failed
+            .iter()
+            .any(|f| f.starts_with(&format!("resume {t}:")))
+        {
+            listed.insert(t.clone());
+        }
+    }
+    Some(TenantOverridesStatus {
+        tenants: set.spec.tenants.len() as i32,
+        paused: listed.into_iter().collect(),
+        message,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::crd::{ShardSetSpec, TenantOverride};
+
+    fn set(tenants: Vec<TenantOverride>) -> ShardSet {
+        let mut spec: ShardSetSpec = serde_json::from_value(serde_json::json!({
+            "shards": 1,
+            "redis": {"url": "redis://r:6379"},
+            "worker": {"image": "w:1"},
+        }))
+        .unwrap();
+        spec.tenants = tenants;
+        ShardSet::new("hooks", spec)
+    }
+
+    #[test]
+    fn the_plan_holds_the_paused_and_resumes_only_those_that_left_the_list() {
+        let o = |t: &str, tier: Option<&str>, paused: Option<bool>| TenantOverride {
+            tenant: t.into(),
+            tier: tier.map(Into::into),
+            paused,
+            ..Default::default()
+        };
+        let s = set(vec![
+            o("vip", Some("gold"), None),
+            o("whale", None, Some(true)),
+            o("was", None, Some(false)),
+        ]);
+        let prev = TenantOverridesStatus {
+            tenants: 3,
+            paused: vec!["was".into(), "whale".into(), "gone".into()],
+            message: None,
+        };
+        let (tiers, paused, resume) = plan(&s, Some(&prev));
+        assert_eq!(tiers, BTreeMap::from([("vip".into(), "gold".into())]));
+        assert_eq!(paused, BTreeSet::from(["whale".to_string()]));
+        assert_eq!(
+            resume,
+            BTreeSet::from(["gone".to_string(), "was".to_string()])
+        );
+        // no status yet: nothing to resume (a pause by hand is never undone)
+        assert!(plan(&s, None).2.is_empty());
+    }
+}
