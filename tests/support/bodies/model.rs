@@ -2,8 +2,9 @@
 //! Redis Cluster tests: random sequences of enqueue (tenants share ids),
 //! retries of ids already sent, lease, ack, nack, dead-lettering, lease
 //! expiry and reap, records deleted behind the store's back, dead-letter
-//! replays and moves of a tenant between two queues, against the real store
-//! at a URL.
+//! replays, moves of a tenant between two queues, and a user's pause and
+//! resume of a tenant (no lease of a paused tenant; a move keeps the pause),
+//! against the real store at a URL.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -38,6 +39,8 @@ pub enum Op {
     Replay(u8),
     /// Move the tenant to the other queue (given up if it is not drained).
     Move(u8),
+    /// A user's pause (true) or resume (false) of the tenant, where it lives.
+    UserPause(u8, bool),
 }
 
 pub fn op() -> impl Strategy<Value = Op> {
@@ -52,6 +55,7 @@ pub fn op() -> impl Strategy<Value = Op> {
         1 => (0u8..3, 0usize..32).prop_map(|(t, k)| Op::DeleteRecord(t, k)),
         1 => (0u8..3).prop_map(Op::Replay),
         1 => (0u8..3).prop_map(Op::Move),
+        1 => (0u8..3, any::<bool>()).prop_map(|(t, p)| Op::UserPause(t, p)),
     ]
 }
 
@@ -72,6 +76,8 @@ struct Model {
     held: Vec<Lease>,
     acked: BTreeMap<Key, u32>,
     order: BTreeMap<String, Vec<u64>>,
+    /// Paused by a user now.
+    paused: [bool; TENANTS],
 }
 
 enum Raw {
@@ -139,6 +145,9 @@ pub async fn run(url: &str, ops: Vec<Op>, ordered: bool) -> Result<(), TestCaseE
     };
     s.configure_queue(Q, &policy).await.unwrap();
     s.configure_queue(LANE, &policy).await.unwrap();
+    // a routing table (every tenant hashes to Q): a user's pause finds the
+    // tenant from there, following its moved mark to the lane
+    s.set_shards(1).await.unwrap();
     let raw = match lanekeeper::store::cluster_nodes(url) {
         Some(nodes) => Raw::Cluster(
             redis::cluster::ClusterClient::new(nodes.unwrap())
@@ -166,6 +175,7 @@ pub async fn run(url: &str, ops: Vec<Op>, ordered: bool) -> Result<(), TestCaseE
         held: Vec::new(),
         acked: BTreeMap::new(),
         order: BTreeMap::new(),
+        paused: [false; TENANTS],
     };
     for op in ops {
         match op {
@@ -219,6 +229,8 @@ pub async fn run(url: &str, ops: Vec<Op>, ordered: bool) -> Result<(), TestCaseE
                 };
                 let q = if lane { LANE } else { Q };
                 if let LeaseOutcome::Leased(l) = m.s.lease(q, "w", d).await.unwrap() {
+                    let t: usize = l.tenant[1..].parse().unwrap();
+                    prop_assert!(!m.paused[t], "{} leased while paused by a user", l.tenant);
                     m.held.push(l);
                 }
             }
@@ -278,12 +290,35 @@ pub async fn run(url: &str, ops: Vec<Op>, ordered: bool) -> Result<(), TestCaseE
                         .await
                         .unwrap();
             }
-            Op::Move(t) => m.relocate(t).await,
+            Op::Move(t) => {
+                m.relocate(t).await;
+                let st =
+                    m.s.tenant_state(m.at[t as usize], &Model::tenant(t))
+                        .await
+                        .unwrap();
+                prop_assert_eq!(
+                    st.user_paused,
+                    m.paused[t as usize],
+                    "the pause moved with t{}",
+                    t
+                );
+            }
+            Op::UserPause(t, paused) => {
+                let o = m.s.set_user_pause(&Model::tenant(t), paused).await.unwrap();
+                prop_assert_eq!(o.queue, m.at[t as usize], "paused where it lives");
+                m.paused[t as usize] = paused;
+            }
             _ => {}
         }
     }
-    // Finish: deliver everything still owed (held leases may have expired and
-    // moved on), replaying every tenant's dead letters where it lives.
+    // Finish: resume every tenant, then deliver everything still owed (held
+    // leases may have expired and moved on), replaying every tenant's dead
+    // letters where it lives.
+    for t in 0..TENANTS as u8 {
+        if m.paused[t as usize] {
+            m.s.set_user_pause(&Model::tenant(t), false).await.unwrap();
+        }
+    }
     for l in std::mem::take(&mut m.held) {
         if m.s.ack(&l, Duration::from_millis(1)).await.unwrap() {
             m.ack(&l)?;
