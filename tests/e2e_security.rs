@@ -881,6 +881,23 @@ fn tenant_overrides_from_a_kubectl_apply_reach_redis_and_status() {
     let tiers = rt.block_on(store.tenant_tiers(&["vip"])).unwrap();
     assert_eq!(tiers, vec![Some("silver".to_string())]);
 
+    // An operator's own pause, then listed paused in Git too: the spec did
+    // not make it, so it neither records it nor, later, lifts it.
+    rt.block_on(store.user_pause_audited("held", true, "test:ops", Some("incident")))
+        .unwrap();
+    apply(&set("  tenants:\n\
+         \x20 - {tenant: vip, weight: 4, maxInFlight: 24, tier: gold}\n\
+         \x20 - {tenant: whale, rateLimit: {perSecond: 5, burst: 10}, paused: true}\n\
+         \x20 - {tenant: held, paused: true}\n"));
+    wait_until("three overrides", Duration::from_secs(60), || {
+        overrides_status(cp, &ns, "hooks")["tenants"] == 3
+    });
+    assert_eq!(
+        overrides_status(cp, &ns, "hooks")["paused"],
+        serde_json::json!(["whale"]),
+        "only the pause the spec made is the spec's"
+    );
+
     // a hand resume is undone while Git says paused
     rt.block_on(store.user_pause_audited("whale", false, "test:ops", None))
         .unwrap();
@@ -913,6 +930,11 @@ fn tenant_overrides_from_a_kubectl_apply_reach_redis_and_status() {
     );
     let events = cp.kubectl_ok(&["get", "events", "-n", &ns, "-o", "json"]);
     assert!(events.contains("ResumedBySpec"), "{events}");
+    assert_eq!(
+        cli(&["HGET", &format!("{q}:t:held"), "up"]),
+        "1",
+        "the operator's pause stays"
+    );
     // no overrides at all: the status field goes
     apply(&set(""));
     wait_until("no overrides status", Duration::from_secs(60), || {

@@ -62,14 +62,22 @@ fn from_status(s: &ShapedTenant) -> Shaped {
     }
 }
 
-/// A tenant's weight as the spec gives it (its own, else the default; a
-/// tier's weight lives in Redis and is not read here). Pure.
+/// A tenant's weight as the spec gives it (its `spec.tenants` override,
+/// else its `scheduler.weights` entry, else the default; a tier's weight
+/// lives in Redis and is not read here). Pure.
 fn weight_of(set: &ShardSet, tenant: &str) -> f64 {
     let s = &set.spec.scheduler;
-    s.weights
+    set.spec
+        .tenants
         .iter()
-        .find(|w| w.tenant == tenant)
-        .map(|w| w.weight)
+        .find(|o| o.tenant == tenant)
+        .and_then(|o| o.weight)
+        .or_else(|| {
+            s.weights
+                .iter()
+                .find(|w| w.tenant == tenant)
+                .map(|w| w.weight)
+        })
         .unwrap_or(s.default_weight)
 }
 
@@ -94,7 +102,15 @@ pub fn rate_for(
         .collect();
     let cap = match set.spec.scheduler.ordering {
         Ordering::PerTenant => 1.0,
-        Ordering::None => f64::from(set.spec.scheduler.max_in_flight_per_tenant.max(1)),
+        Ordering::None => f64::from(
+            set.spec
+                .tenants
+                .iter()
+                .find(|o| o.tenant == tenant)
+                .and_then(|o| o.max_in_flight)
+                .unwrap_or(set.spec.scheduler.max_in_flight_per_tenant)
+                .max(1),
+        ),
     };
     fair_rate(slots, &others, weight_of(set, tenant), cap, cost_s)
 }
@@ -236,6 +252,12 @@ mod tests {
         assert_eq!(rate_for(&weighted, &stats, "w", 4.0, ten, 0.1), 23.33);
         let ordered = set("  worker: {image: x}\n  scheduler: {ordering: PerTenant}\n");
         assert_eq!(rate_for(&ordered, &stats, "w", 16.0, ten, 0.1), 10.0);
+        // spec.tenants overrides the weight and the cap, as the scripts do
+        let overridden = set(
+            "  worker: {image: x, concurrency: 16}\n  scheduler: {weights: [{tenant: w, weight: 1}]}\n  tenants: [{tenant: w, weight: 4, maxInFlight: 16}]\n",
+        );
+        assert_eq!(rate_for(&overridden, &stats, "w", 4.0, ten, 0.1), 23.33);
+        assert_eq!(rate_for(&overridden, &stats, "w", 16.0, ten, 0.1), 125.0);
     }
 
     #[test]

@@ -43,6 +43,13 @@ pub fn tiers_spec(set: &SetId) -> String {
     format!("lk:{{{}/{}}}:tiers:spec", set.namespace, set.name)
 }
 
+/// Tenants the ShardSet's `spec.tenants[].paused` paused (a set): the
+/// controller's record of the pauses it made, so it resumes only those:
+/// `lk:{<namespace>/<set>}:pausedbyspec`.
+pub fn paused_by_spec(set: &SetId) -> String {
+    format!("lk:{{{}/{}}}:pausedbyspec", set.namespace, set.name)
+}
+
 /// Tier assignments through the ingest admin API: `lk:{<namespace>/<set>}:tiers:api`
 /// (a hash, tenant -> tier; wins over [`tiers`]).
 pub fn tiers_api(set: &SetId) -> String {
@@ -206,6 +213,7 @@ mod tests {
         assert_eq!(tiers(&set), "lk:{ns/web}:tiers");
         assert_eq!(tiers_api(&set), "lk:{ns/web}:tiers:api");
         assert_eq!(tiers_spec(&set), "lk:{ns/web}:tiers:spec");
+        assert_eq!(paused_by_spec(&set), "lk:{ns/web}:pausedbyspec");
         assert_eq!(tiers_synced(&set), "lk:{ns/web}:tiers:synced");
         assert_eq!(pause_version(&set), "lk:{ns/web}:pausev");
         assert_eq!(audit(&set), "lk:{ns/web}:audit");

@@ -510,6 +510,30 @@ impl Store {
         Ok(redis::cmd("INCR").arg(&key).query_async(&mut conn).await?)
     }
 
+    /// The tenants the ShardSet's spec paused (its record, see
+    /// [`keys::paused_by_spec`]), by name.
+    pub async fn paused_by_spec(&self) -> Result<Vec<String>> {
+        let mut conn = self.conn.clone();
+        let mut out: Vec<String> = redis::cmd("SMEMBERS")
+            .arg(keys::paused_by_spec(&self.set))
+            .query_async(&mut conn)
+            .await?;
+        out.sort();
+        Ok(out)
+    }
+
+    /// Record (or forget) that the spec paused `tenant`.
+    pub async fn mark_paused_by_spec(&self, tenant: &str, paused: bool) -> Result<()> {
+        let mut conn = self.conn.clone();
+        let cmd = if paused { "SADD" } else { "SREM" };
+        let _: u64 = redis::cmd(cmd)
+            .arg(keys::paused_by_spec(&self.set))
+            .arg(tenant)
+            .query_async(&mut conn)
+            .await?;
+        Ok(())
+    }
+
     /// The tenants a user paused in `q`.
     pub async fn user_paused(&self, q: QueueId) -> Result<Vec<String>> {
         let mut conn = self.conn.clone();

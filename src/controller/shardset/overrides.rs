@@ -6,9 +6,14 @@
 //!
 //! A pause is level-triggered: a tenant the spec holds paused and that is
 //! not paused (a hand resume, Redis restarted empty) is paused again, with
-//! an Event. A resume is edge-triggered: a tenant that leaves the list
-//! (`paused` removed or false) is resumed once, so the spec never undoes a
-//! pause it did not make. Both are audited as `shardset:<ns>/<name>`.
+//! an Event. A resume is edge-triggered and only for pauses the spec made:
+//! the set's record in Redis (`Store::paused_by_spec`) names each tenant
+//! this step paused, and a tenant in it that leaves the list (`paused`
+//! removed or false) is resumed once and forgotten. A tenant already paused
+//! by someone else when the spec asks is not recorded, so the spec never
+//! lifts a pause it did not make. The record lives with the pauses, not in
+//! status, so a stale read of status or a failed status write cannot lose
+//! it. Pauses and resumes are audited as `shardset:<ns>/<name>`.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -21,11 +26,12 @@ use crate::crd::{conditions, ShardSet, TenantOverridesStatus};
 use crate::routing::QueueId;
 use crate::store::Store;
 
-/// Pure: what the spec asks for, as (tiers, tenants held paused, tenants
-/// to resume because they left the list since `prev`).
+/// Pure: what the spec asks for, as (tiers, tenants held paused), and the
+/// tenants to resume: those the spec paused (`recorded`) that it no longer
+/// holds paused.
 pub(crate) fn plan(
     set: &ShardSet,
-    prev: Option<&TenantOverridesStatus>,
+    recorded: &[String],
 ) -> (BTreeMap<String, String>, BTreeSet<String>, BTreeSet<String>) {
     let tiers = set
         .spec
@@ -40,15 +46,11 @@ pub(crate) fn plan(
         .filter(|o| o.paused == Some(true))
         .map(|o| o.tenant.clone())
         .collect();
-    let resume = prev
-        .map(|p| {
-            p.paused
-                .iter()
-                .filter(|t| !paused.contains(*t))
-                .cloned()
-                .collect()
-        })
-        .unwrap_or_default();
+    let resume = recorded
+        .iter()
+        .filter(|t| !paused.contains(*t))
+        .cloned()
+        .collect();
     (tiers, paused, resume)
 }
 
@@ -66,17 +68,28 @@ pub(super) async fn sync_overrides(
         .status
         .as_ref()
         .and_then(|s| s.tenant_overrides.as_ref());
-    if set.spec.tenants.is_empty() && prev.is_none_or(|p| p.paused.is_empty()) {
-        // nothing asked, nothing to undo; drop any tiers an earlier spec set
-        if let Err(e) = store.put_spec_tiers(&BTreeMap::new()).await {
-            warn!(set = %set.name_any(), error = %e, "cannot clear the spec's tier assignments; retrying");
+    let recorded = match store.paused_by_spec().await {
+        Ok(r) => r,
+        Err(e) => {
+            warn!(set = %set.name_any(), error = %e, "cannot read the spec's pauses; retrying");
+            return prev.cloned();
+        }
+    };
+    if set.spec.tenants.is_empty() && recorded.is_empty() {
+        // nothing asked and nothing to undo; drop the tiers an earlier spec
+        // set (only when status says there was one: no write per reconcile)
+        if prev.is_some() {
+            if let Err(e) = store.put_spec_tiers(&BTreeMap::new()).await {
+                warn!(set = %set.name_any(), error = %e, "cannot clear the spec's tier assignments; retrying");
+                return prev.cloned();
+            }
         }
         return None;
     }
-    let (tiers, paused, resume) = plan(set, prev);
+    let (tiers, paused, resume) = plan(set, &recorded);
     let mut failed: Vec<String> = Vec::new();
     if let Err(e) = store.put_spec_tiers(&tiers).await {
-        failed.push(format!("tiers: {e}"));
+        failed.push(format!("tiers: {}", e.kind()));
     }
     let who = format!(
         "shardset:{}/{}",
@@ -91,6 +104,11 @@ pub(super) async fn sync_overrides(
             .await
         {
             Ok(o) if o.changed => {
+                // recorded first in the audit, then here: a pause the spec
+                // made and did not record would stay until a hand resume
+                if let Err(e) = store.mark_paused_by_spec(t, true).await {
+                    failed.push(format!("record the pause of {t}: {}", e.kind()));
+                }
                 let note = format!("paused tenant {t} in {} (spec.tenants[].paused)", o.queue);
                 ctx.event(
                     &object,
@@ -102,7 +120,7 @@ pub(super) async fn sync_overrides(
                 .await;
             }
             Ok(_) => {}
-            Err(e) => failed.push(format!("pause {t}: {e}")),
+            Err(e) => failed.push(format!("pause {t}: {}", e.kind())),
         }
     }
     for t in &resume {
@@ -110,32 +128,35 @@ pub(super) async fn sync_overrides(
             .user_pause_audited(t, false, &who, Some("removed from spec.tenants[].paused"))
             .await
         {
-            Ok(o) if o.changed => {
-                let note = format!(
-                    "resumed tenant {t} in {} (no longer paused in spec.tenants)",
-                    o.queue
-                );
-                ctx.event(
-                    &object,
-                    EventType::Normal,
-                    conditions::RESUMED_BY_SPEC,
-                    "ResumeTenant",
-                    note,
-                )
-                .await;
+            Ok(o) => {
+                if let Err(e) = store.mark_paused_by_spec(t, false).await {
+                    failed.push(format!("forget the pause of {t}: {}", e.kind()));
+                }
+                if o.changed {
+                    let note = format!(
+                        "resumed tenant {t} in {} (no longer paused in spec.tenants)",
+                        o.queue
+                    );
+                    ctx.event(
+                        &object,
+                        EventType::Normal,
+                        conditions::RESUMED_BY_SPEC,
+                        "ResumeTenant",
+                        note,
+                    )
+                    .await;
+                }
             }
-            Ok(_) => {}
-            Err(e) => failed.push(format!("resume {t}: {e}")),
+            Err(e) => failed.push(format!("resume {t}: {}", e.kind())),
         }
     }
     let message = (!failed.is_empty()).then(|| {
         let mut m = failed.join("; ");
-        m.truncate(
-            (0..=1000)
-                .rev()
-                .find(|&i| m.is_char_boundary(i))
-                .unwrap_or(0),
-        );
+        let cut = (0..=1000)
+            .rev()
+            .find(|&i| m.is_char_boundary(i))
+            .unwrap_or(0);
+        m.truncate(cut);
         m
     });
     if let Some(m) = &message {
@@ -151,19 +172,15 @@ pub(super) async fn sync_overrides(
             .await;
         }
     }
-    // a resume that failed stays listed, so the next reconcile tries again
-    let mut listed: BTreeSet<String> = paused;
-    for t in &resume {
-        if failed
-            .iter()
-            .any(|f| f.starts_with(&format!("resume {t}:")))
-        {
-            listed.insert(t.clone());
-        }
-    }
+    // what the spec holds paused now, as the record says (at most the
+    // list's 1000)
+    let held = store
+        .paused_by_spec()
+        .await
+        .unwrap_or_else(|_| paused.iter().cloned().collect());
     Some(TenantOverridesStatus {
         tenants: set.spec.tenants.len() as i32,
-        paused: listed.into_iter().collect(),
+        paused: held.into_iter().take(1000).collect(),
         message,
     })
 }
@@ -185,7 +202,7 @@ mod tests {
     }
 
     #[test]
-    fn the_plan_holds_the_paused_and_resumes_only_those_that_left_the_list() {
+    fn the_plan_holds_the_paused_and_resumes_only_what_the_spec_paused() {
         let o = |t: &str, tier: Option<&str>, paused: Option<bool>| TenantOverride {
             tenant: t.into(),
             tier: tier.map(Into::into),
@@ -197,19 +214,15 @@ mod tests {
             o("whale", None, Some(true)),
             o("was", None, Some(false)),
         ]);
-        let prev = TenantOverridesStatus {
-            tenants: 3,
-            paused: vec!["was".into(), "whale".into(), "gone".into()],
-            message: None,
-        };
-        let (tiers, paused, resume) = plan(&s, Some(&prev));
+        let recorded = vec!["was".to_string(), "whale".to_string(), "gone".to_string()];
+        let (tiers, paused, resume) = plan(&s, &recorded);
         assert_eq!(tiers, BTreeMap::from([("vip".into(), "gold".into())]));
         assert_eq!(paused, BTreeSet::from(["whale".to_string()]));
         assert_eq!(
             resume,
             BTreeSet::from(["gone".to_string(), "was".to_string()])
         );
-        // no status yet: nothing to resume (a pause by hand is never undone)
-        assert!(plan(&s, None).2.is_empty());
+        // nothing recorded: nothing to resume (a pause by hand is never undone)
+        assert!(plan(&s, &[]).2.is_empty());
     }
 }

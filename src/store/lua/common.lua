@@ -365,7 +365,8 @@ end
 
 -- A tenant's in-flight cap: 1 under strict order, else its own (P:caps,
 -- only looked up when the policy says some tenant has one), else the
--- queue's. A stored cap that is not a whole number from 1 is ignored.
+-- queue's. A stored cap that is not a number from 1 to 100,000 is ignored
+-- (a fraction is rounded down).
 local function cap_of(t)
   if ORDERED then return 1 end
   if CAP_TENANTS then
