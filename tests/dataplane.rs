@@ -2295,3 +2295,51 @@ async fn a_tenants_own_in_flight_cap_holds_and_the_others_keep_the_queues() {
     }
     assert_eq!(count(&held, "vip"), 1);
 }
+
+// ---- endpoint isolation (tests/support/bodies/isolation.rs) ----
+
+#[tokio::test]
+async fn a_slow_endpoint_does_not_hold_back_its_tenants_fast_one() {
+    support::isolation::a_slow_endpoint_does_not_hold_back_its_tenants_fast_one(
+        &support::redis::shared().url,
+    )
+    .await;
+}
+
+#[tokio::test]
+async fn a_tenants_endpoints_share_its_worker_seconds() {
+    support::isolation::a_tenants_endpoints_share_its_worker_seconds(&support::redis::shared().url)
+        .await;
+}
+
+#[tokio::test]
+async fn many_endpoints_do_not_buy_a_tenant_more_of_the_queue() {
+    support::isolation::many_endpoints_do_not_buy_a_tenant_more_of_the_queue(
+        &support::redis::shared().url,
+    )
+    .await;
+}
+
+#[tokio::test]
+async fn a_broken_or_paced_endpoint_is_parked_alone() {
+    support::isolation::a_broken_or_paced_endpoint_is_parked_alone(&support::redis::shared().url)
+        .await;
+}
+
+#[tokio::test]
+async fn strict_order_holds_per_endpoint() {
+    support::isolation::strict_order_holds_per_endpoint(&support::redis::shared().url).await;
+}
+
+#[tokio::test]
+async fn reaps_releases_and_lost_records_free_endpoint_slots() {
+    support::isolation::reaps_releases_and_lost_records_free_endpoint_slots(
+        &support::redis::shared().url,
+    )
+    .await;
+}
+
+#[tokio::test]
+async fn a_move_keeps_each_endpoints_order_under_endpoint_isolation() {
+    support::isolation::a_move_keeps_each_endpoints_order(&support::redis::shared().url).await;
+}

@@ -54,6 +54,32 @@ pub struct QueuePolicy {
     /// A tenant idle this long in a queue has its state there swept
     /// (`scheduler.sweepIdleTenantsAfter`); `None`: never.
     pub sweep_idle_after: Option<Duration>,
+    /// What the fairness and the in-flight cap isolate (`spec.isolation`).
+    pub isolation: Isolation,
+    /// Under [`Isolation::Endpoint`], the in-flight cap of each of a
+    /// tenant's endpoints (`scheduler.maxInFlightPerEndpoint`), never above
+    /// the tenant's own cap; `None`: half the tenant's cap, rounded up. 1
+    /// under `PerTenant` ordering.
+    pub max_in_flight_per_endpoint: Option<u32>,
+}
+
+/// What a queue's scheduler isolates from what.
+///
+/// - `Tenant`: tenants are served by deficit round robin in worker-seconds,
+///   each with one FIFO lane and one in-flight cap. A tenant's slow
+///   endpoint can fill its cap and hold back its fast ones. Order: per
+///   tenant (strict with `PerTenant` ordering).
+/// - `Endpoint`: tenants are still served by deficit round robin between
+///   them (a tenant's share does not grow with its number of endpoints);
+///   inside a tenant, each endpoint has its own FIFO lane and its own
+///   in-flight cap, and the tenant's endpoints share its turns by
+///   worker-seconds (start-time fair queuing). Order: per (tenant,
+///   endpoint).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Isolation {
+    #[default]
+    Tenant,
+    Endpoint,
 }
 
 /// A delivery rate limit: token buckets, one for the tenant and one for
@@ -181,6 +207,8 @@ impl Default for QueuePolicy {
             max_retry_after: Duration::from_secs(600),
             rate_limits: RateLimits::default(),
             sweep_idle_after: Some(Duration::from_secs(24 * 3600)),
+            isolation: Isolation::Tenant,
+            max_in_flight_per_endpoint: None,
         }
     }
 }

@@ -133,6 +133,7 @@ impl Store {
             )
             .chain(rate_limit_entries(&policy.rate_limits))
             .chain((!policy.caps.is_empty()).then(|| "capn=1".to_string()))
+            .chain(isolation_entries(policy))
             .collect::<Vec<_>>()
             .join(" ");
         let mut pipe = redis::pipe();
@@ -536,6 +537,21 @@ fn rate_limit_entries(l: &crate::policy::RateLimits) -> Vec<String> {
     }
     if !l.tenants.is_empty() {
         out.push("rln=1".to_string());
+    }
+    out
+}
+
+/// The packed policy's isolation entries (see common.lua `parse_policy`):
+/// `iso=ep` under endpoint isolation, with `capep=<n>` when the set gives
+/// an endpoint cap; nothing under tenant isolation, so its queues pay
+/// nothing for it.
+fn isolation_entries(policy: &QueuePolicy) -> Vec<String> {
+    if policy.isolation != crate::policy::Isolation::Endpoint {
+        return Vec::new();
+    }
+    let mut out = vec!["iso=ep".to_string()];
+    if let Some(n) = policy.max_in_flight_per_endpoint {
+        out.push(format!("capep={}", n.max(1)));
     }
     out
 }

@@ -56,6 +56,6 @@ pub mod bodies;
 pub mod env;
 pub mod infra;
 
-pub use bodies::{buckets, dataplane, integrity, model};
+pub use bodies::{buckets, dataplane, integrity, isolation, model};
 pub use env::{lanes, reshard, scenario};
 pub use infra::{controlplane, process, receiver, redis, workers};

@@ -6,6 +6,7 @@
 --                           maxatt, idttl; bratio, bmin, bwin ms, bopen ms: the circuit breaker),
 --                           also written one field each for library versions before this one;
 --                           rl, rl.<tier>, rln: delivery rate limits (see parse_policy);
+--                           iso=ep, capep: endpoint isolation and its endpoint cap;
 --                           clock (virtual ms, simulator only); swc/swn the sweep's SSCAN cursor
 --                           and when its next pass may start (see sweep.lua); minroute (oldest routing-table
 --                           version a producer may enqueue with: a reshard's fence, see
@@ -34,13 +35,21 @@
 --                           p, the relocation pause, and composed with it), upv the version of the
 --                           user operation that last set up (from lk:{ns/set}:pausev),
 --                           la the last time it had activity here (ms: an enqueue, an import, or
---                           a sweep that found it busy; see sweep.lua).
+--                           a sweep that found it busy; see sweep.lua);
+--                           under endpoint isolation, per endpoint: ef:<ep> in flight, es:<ep>
+--                           its state ('r' ready, 'k' parked at its cap, 'b' blocked), ev:<ep>
+--                           its virtual time while not ready; evc the tenant's virtual clock.
 --                           d, e and b are worker-time in whole microseconds, as are a lease's
 --                           charge and the worker-second buckets: integers are far cheaper for
 --                           Redis and Lua to format and parse than 17-digit fractions
 --   P:tenants         SET   every tenant that has had work here (for attribution)
 --   P:paused          SET   tenants paused by a user here (up = '1'), for listing
---   P:q:<tenant>      LIST  the tenant's lane: envelope ids, head first
+--   P:q:<tenant>      LIST  the tenant's lane: envelope ids, head first (tenant isolation)
+--   P:qe:<len>:<tenant>:<endpoint>
+--                     LIST  under endpoint isolation, the lane of one of the tenant's endpoints
+--   P:ez:<tenant>     ZSET  under endpoint isolation, the tenant's ready endpoints -> virtual time
+--                           (worker-us charged); the least is served next
+--   P:eps:<tenant>    SET   under endpoint isolation, the tenant's endpoints whose lane holds work
 --   P:h:<tenant>      LIST  hold buffer while paused
 --   P:e:<ref>         HASH  t tenant, s seq, a attempts (absent: 0), p payload, n enqueued ms,
 --                           ep endpoint, x holds slot. <ref> is "<#tenant>:<tenant>:<id>": an
@@ -56,11 +65,14 @@
 --   P:seq             STRING enqueue sequence
 --   P:leases          ZSET  lease -> deadline ms. A lease is the string
 --                           "<charged us>\n<leased ms>\n<id>\n<tenant>\n<worker token>" (no part
---                           holds a control character); it is also the token the worker holds,
+--                           holds a control character; under endpoint isolation "\n<endpoint>"
+--                           follows, the lane it was leased from); it is also the token the worker holds,
 --                           so ack, nack and release prove the lease with one ZREM
 --   P:delayed         ZSET  "<x><ref>" -> retry due ms, x '1' when the retry keeps its tenant's
 --                           only slot (PerTenant ordering), '0' otherwise: the member names the
---                           tenant, so a retry whose record is gone still settles its tenant
+--                           tenant, so a retry whose record is gone still settles its tenant;
+--                           under endpoint isolation "<X><len>:<endpoint><ref>", X 'E' for '1'
+--                           and 'e' for '0', so it settles and returns to its endpoint too
 --   P:dl:<tenant>     STREAM the tenant's dead letters, oldest first: id, a attempts, c cause,
 --                           at ms, p payload, ep endpoint. Bounded by the policy's dlmax (count)
 --                           and dlage (seconds), see dl_retain; what retention drops is counted
@@ -85,7 +97,10 @@
 --                     STRING "<micro-tokens>:<ms>": the endpoint's delivery token bucket
 --                           (absent: full; expires once it would be full again)
 --   P:blocked         ZSET  tenant -> ms: tenants off the ring until then: their head envelope's
---                           breaker is open, or they (or that envelope's endpoint) are out of tokens
+--                           breaker is open, or they (or that envelope's endpoint) are out of tokens;
+--                           under endpoint isolation also "<tenant>\n<endpoint>" -> ms: that
+--                           endpoint is out of its tenant's ready set until then (breaker, pace
+--                           or its tokens)
 --   P:wake            CHANNEL published when a tenant becomes active (wakes idle workers);
 --                           on Redis Cluster the library is loaded with SPUBLISH here
 --                           (sharded pub/sub, see `store::library::build_library`)
@@ -120,6 +135,9 @@ local SWEEP_MS
 local RL_DEFAULT, RL_TIERS, RL_TENANTS, RL_ANY
 -- Whether P:caps holds tenants' own in-flight caps (policy capn=1).
 local CAP_TENANTS
+-- Endpoint isolation (policy iso=ep; see "Endpoint isolation" below) and
+-- the endpoint cap it sets (capep; 0: half the tenant's cap, rounded up).
+local ISO_EP, EP_CAP
 -- A virtual clock (ms), set only by the capacity simulator (`lanekeeper
 -- simulate`, through Store::set_virtual_clock); nil means Redis TIME.
 local CLOCK
@@ -189,7 +207,9 @@ local function parse_policy(raw)
   local ordered = v.ordered == '1'
   return {
     -- seconds in the policy, whole microseconds in the scripts
-    quantum = math.floor(field('quantum', 2.0) * 1e6 + 0.5), ordered = ordered, cap = ordered and 1 or field('cap', 8),
+    quantum = math.floor(field('quantum', 2.0) * 1e6 + 0.5), ordered = ordered,
+    -- strict order's cap of 1 is the tenant's under tenant isolation, each endpoint's under endpoint isolation
+    cap = (ordered and v.iso ~= 'ep') and 1 or field('cap', 8),
     weight = field('weight', 1.0), est0 = math.floor(field('est0', 1.0) * 1e6 + 0.5), maxatt = field('maxatt', 10),
     idttl = math.max(field('idttl', 86400), 1), bratio = field('bratio', 0.5), bmin = field('bmin', 20),
     bwin = field('bwin', 60000), bopen = field('bopen', 30000),
@@ -203,6 +223,8 @@ local function parse_policy(raw)
     rl = v.rl and parse_limit(v.rl) or false, rlt = rlt, rln = v.rln == '1',
     rlany = (v.rl ~= nil) or (next(rlt) ~= nil) or v.rln == '1',
     capn = v.capn == '1',
+    -- endpoint isolation (iso=ep) and its endpoint cap (capep; 0: half the tenant's cap)
+    iso = v.iso == 'ep', capep = math.max(math.floor(field('capep', 0)), 0),
   }
 end
 
@@ -233,6 +255,7 @@ local function begin(keys)
   SWEEP_MS = pol.sweep
   RL_DEFAULT, RL_TIERS, RL_TENANTS, RL_ANY = pol.rl, pol.rlt, pol.rln, pol.rlany
   CAP_TENANTS = pol.capn
+  ISO_EP, EP_CAP = pol.iso, pol.capep
   MAINT_NEXT = num(conf[2], 0)
   CLOCK = conf[3] and tonumber(conf[3])
   MIN_ROUTE_RAW = conf[4]
@@ -244,32 +267,64 @@ local function now_ms()
   return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 end
 
--- A lease as stored in P:leases and handed to the worker (see the key layout).
-local function lease_member(charged, at, id, t, token)
-  return charged .. '\n' .. at .. '\n' .. id .. '\n' .. t .. '\n' .. token
+-- A lease as stored in P:leases and handed to the worker (see the key
+-- layout). Under endpoint isolation the endpoint it was leased from follows
+-- the token, so whatever becomes of the record, its slot is freed.
+local function lease_member(charged, at, id, t, token, ep)
+  local m = charged .. '\n' .. at .. '\n' .. id .. '\n' .. t .. '\n' .. token
+  if ep then return m .. '\n' .. ep end
+  return m
 end
 
--- The parts of a lease: charged (us), at (ms, as stored), id, tenant; nil
+-- The parts of a lease: charged (us), at (ms, as stored), id, tenant, and
+-- under endpoint isolation its endpoint (nil in a lease without one); nil
 -- if it is not one.
 local function parse_lease(member)
   local c, at, id, t = string.match(member, '^([^\n]*)\n([^\n]*)\n([^\n]*)\n([^\n]*)\n')
   if not c then return nil end
-  return num(c, 0), at, id, t
+  local ep = nil
+  if ISO_EP then ep = string.match(member, '^[^\n]*\n[^\n]*\n[^\n]*\n[^\n]*\n[^\n]*\n(.*)$') end
+  return num(c, 0), at, id, t, ep
 end
 
 -- Take the lease `member` of envelope `id` out of P:leases. Returns its
--- charge and tenant, or nil when it is not (or no longer) held: acked
--- already, or expired and handed to someone else.
+-- charge, tenant and endpoint (endpoint isolation only), or nil when it is
+-- not (or no longer) held: acked already, or expired and handed to someone else.
 local function end_lease(id, member)
-  local c, _, lid, t = parse_lease(member)
+  local c, _, lid, t, ep = parse_lease(member)
   if not c or lid ~= id or redis.call('ZREM', LEASES, member) == 0 then return nil end
-  return c, t
+  return c, t, ep
 end
 
 local function tkey(t) return P .. ':t:' .. t end
 local function lane(t) return P .. ':q:' .. t end
 local function hold(t) return P .. ':h:' .. t end
 local function dlkey(t) return P .. ':dl:' .. t end
+-- Endpoint isolation's keys (see "Endpoint isolation" below): the lane of
+-- (t, ep), the tenant's ready endpoints, and its endpoints with a lane.
+local function eplane(t, ep) return P .. ':qe:' .. istr(#t) .. ':' .. t .. ':' .. ep end
+local function ezkey(t) return P .. ':ez:' .. t end
+local function epskey(t) return P .. ':eps:' .. t end
+
+-- Whether tenant `t` has work it may lease (what keeps it on the ring):
+-- a queued envelope, or under endpoint isolation a ready endpoint.
+local function has_ready(t)
+  if ISO_EP then return redis.call('ZCARD', ezkey(t)) > 0 end
+  return redis.call('LLEN', lane(t)) > 0
+end
+
+-- How many envelopes tenant `t` has queued (not held, delayed or in
+-- flight). Under endpoint isolation, over at most 1000 of its endpoints:
+-- past that a lower bound, but never 0 while one has work.
+local function queued_of(t)
+  if not ISO_EP then return redis.call('LLEN', lane(t)) end
+  local n = 0
+  for _, ep in ipairs(redis.call('SRANDMEMBER', epskey(t), 1000)) do
+    n = n + redis.call('LLEN', eplane(t, ep))
+  end
+  if n == 0 and redis.call('EXISTS', epskey(t)) == 1 then n = 1 end
+  return n
+end
 -- An envelope is named by its tenant and its id together (see P:e:<ref>).
 local function eref(t, id) return istr(#t) .. ':' .. t .. ':' .. id end
 local function ekey(t, id) return P .. ':e:' .. istr(#t) .. ':' .. t .. ':' .. id end
@@ -363,17 +418,125 @@ local function quantum(t, tr)
   return math.max(math.floor(QUANTUM * weight(t, tr) + 0.5), MIN_QUANTUM)
 end
 
--- A tenant's in-flight cap: 1 under strict order, else its own (P:caps,
--- only looked up when the policy says some tenant has one), else the
--- queue's. A stored cap that is not a number from 1 to 100,000 is ignored
+-- A tenant's in-flight cap: 1 under strict order (under tenant isolation;
+-- under endpoint isolation it is each endpoint's cap that is 1), else its
+-- own (P:caps, only looked up when the policy says some tenant has one),
+-- else the queue's. A stored cap that is not a number from 1 to 100,000 is ignored
 -- (a fraction is rounded down).
 local function cap_of(t)
-  if ORDERED then return 1 end
+  if ORDERED and not ISO_EP then return 1 end
   if CAP_TENANTS then
     local c = tonumber(redis.call('HGET', P .. ':caps', t))
     if c and c >= 1 and c <= 100000 then return math.floor(c) end
   end
   return CAP
+end
+
+-- ---- endpoint isolation (policy iso=ep) ---------------------------------
+-- A tenant's envelopes wait in one lane per endpoint, P:qe:<#t>:<t>:<ep>.
+-- Its ready endpoints (work queued, under their cap, not blocked) are the
+-- ZSET P:ez:<t>, scored by virtual time: the worker-us each endpoint has
+-- been charged (start-time fair queuing). The tenant is on the ring while it
+-- has a ready endpoint, and the ring's deficit round robin between tenants
+-- is unchanged; each lease of the tenant serves its ready endpoint with the
+-- least virtual time, charging it the tenant's estimate, settled at ack
+-- like the tenant's deficit. Per endpoint, fields of P:t:<t>: ef:<ep> in
+-- flight, es:<ep> 'r' ready, 'k' parked at its cap, 'b' blocked (breaker,
+-- pace or tokens; its member in P:blocked is "<t>\n<ep>"), absent idle;
+-- ev:<ep> its virtual time while not ready. evc: the tenant's virtual clock
+-- (the start of its last lease), which an endpoint that becomes ready
+-- catches up to, so an idle endpoint hoards nothing. P:eps:<t> SET: the
+-- endpoints whose lane holds envelopes.
+
+-- The in-flight cap of each of a tenant's endpoints, given the tenant's:
+-- 1 under strict order, else the policy's (never above the tenant's), else
+-- half the tenant's rounded up, so no one endpoint can fill its tenant's slots.
+local function ep_cap(tcap)
+  if ORDERED then return 1 end
+  if EP_CAP > 0 then return math.min(EP_CAP, tcap) end
+  return math.max(math.floor((tcap + 1) / 2), 1)
+end
+
+-- Make endpoint `ep` of tenant `t` ready, if its lane holds work and it is
+-- neither ready, parked at its cap nor blocked. Returns true when it became
+-- ready (its tenant may then need to join the ring: activate).
+local function ep_ready(t, ep)
+  local tk = tkey(t)
+  local s = redis.call('HMGET', tk, 'es:' .. ep, 'ev:' .. ep, 'evc')
+  if s[1] == 'r' or s[1] == 'k' or s[1] == 'b' then return false end
+  if redis.call('LLEN', eplane(t, ep)) == 0 then return false end
+  redis.call('ZADD', ezkey(t), math.max(num(s[2], 0), num(s[3], 0)), ep)
+  redis.call('HSET', tk, 'es:' .. ep, 'r')
+  if s[2] then redis.call('HDEL', tk, 'ev:' .. ep) end
+  return true
+end
+
+-- Append `ids` (at most a page) to tenant `t`'s lane in order; under
+-- endpoint isolation each to the lane of its endpoint (`eps[i]`), those
+-- endpoints made ready. The caller activates the tenant.
+local function lane_append(t, ids, eps)
+  if #ids == 0 then return end
+  if not ISO_EP then
+    redis.call('RPUSH', lane(t), unpack(ids))
+    return
+  end
+  local groups, order = {}, {}
+  for i, id in ipairs(ids) do
+    local ep = eps[i] or ''
+    local g = groups[ep]
+    if not g then
+      g = {}
+      groups[ep] = g
+      order[#order + 1] = ep
+    end
+    g[#g + 1] = id
+  end
+  for _, ep in ipairs(order) do redis.call('RPUSH', eplane(t, ep), unpack(groups[ep])) end
+  redis.call('SADD', epskey(t), unpack(order))
+  for _, ep in ipairs(order) do ep_ready(t, ep) end
+end
+
+-- After endpoint `ep` of tenant `t` served a lease (or found nothing to
+-- serve), with its virtual time now `v` and `f` in flight: it stays ready,
+-- is parked at its cap, or goes idle (its lane empty). `tcap` is the
+-- tenant's cap. Cannot fail.
+local function ep_after(t, ep, v, f, tcap)
+  local tk = tkey(t)
+  if redis.call('LLEN', eplane(t, ep)) == 0 then
+    redis.call('ZREM', ezkey(t), ep)
+    redis.call('SREM', epskey(t), ep)
+    redis.call('HSET', tk, 'ev:' .. ep, v)
+    redis.call('HDEL', tk, 'es:' .. ep)
+  elseif f >= ep_cap(tcap) then
+    redis.call('ZREM', ezkey(t), ep)
+    redis.call('HSET', tk, 'es:' .. ep, 'k', 'ev:' .. ep, v)
+  else
+    redis.call('ZADD', ezkey(t), v, ep)
+  end
+end
+
+-- Settle endpoint `ep`'s part of a delivery of tenant `t`: its virtual time
+-- takes the difference between what was used and what was charged (us),
+-- and with `free_slot` one of its slots is freed, so an endpoint parked at
+-- its cap becomes ready again. Returns true when it became ready.
+local function ep_settle(t, ep, delta, free_slot)
+  local tk = tkey(t)
+  local s = redis.call('HMGET', tk, 'es:' .. ep, 'ev:' .. ep, 'ef:' .. ep)
+  if delta ~= 0 then
+    if s[1] == 'r' then
+      redis.call('ZINCRBY', ezkey(t), delta, ep)
+    elseif s[2] then
+      redis.call('HSET', tk, 'ev:' .. ep, num(s[2], 0) + delta)
+    end
+  end
+  if not free_slot then return false end
+  local f = num(s[3], 1) - 1
+  if f > 0 then redis.call('HSET', tk, 'ef:' .. ep, f) else redis.call('HDEL', tk, 'ef:' .. ep) end
+  if s[1] == 'k' and f < ep_cap(cap_of(t)) then
+    redis.call('HDEL', tk, 'es:' .. ep)
+    return ep_ready(t, ep)
+  end
+  return false
 end
 
 -- ---- delivery rate limits: token buckets checked at lease ---------------
@@ -450,7 +613,7 @@ local function activate(t)
   local tk = tkey(t)
   local st = redis.call('HMGET', tk, 'r', 'k', 'bl', 'up')
   if st[1] == '1' or st[2] == '1' or st[3] == '1' or st[4] == '1' then return end
-  if redis.call('LLEN', lane(t)) == 0 then return end
+  if not has_ready(t) then return end
   push_active(t, false)
   redis.call('HSET', tk, 'r', 1)
 end
@@ -461,6 +624,7 @@ end
 -- a sparse flow in FQ-CoDel. This is what lets a password reset overtake a
 -- whale's turn; the interrupted turn resumes after it.
 local function activate_fresh(t)
+  if ISO_EP and not has_ready(t) then return end
   local tk = tkey(t)
   local st = redis.call('HMGET', tk, 'r', 'k', 'd', 'bl', 'tr', 'up')
   if st[1] == '1' or st[2] == '1' or st[4] == '1' or st[6] == '1' then return end
@@ -471,15 +635,19 @@ local function activate_fresh(t)
   push_active(t, d > 0)
 end
 
--- Free one in-flight slot; a tenant parked at its cap rejoins the ring if it has work.
-local function release(t)
+-- Free one in-flight slot (and, under endpoint isolation, one of endpoint
+-- `ep`'s, whose virtual time takes `delta` us: a refund is negative); a
+-- tenant parked at its cap rejoins the ring if it has work.
+local function release(t, ep, delta)
   local tk = tkey(t)
   local f = redis.call('HINCRBY', tk, 'f', -1)
   if f < 0 then redis.call('HSET', tk, 'f', 0); f = 0 end
+  local again = ISO_EP and ep and ep_settle(t, ep, delta or 0, true)
   if redis.call('HGET', tk, 'k') == '1' and f < cap_of(t) then
     redis.call('HSET', tk, 'k', 0)
-    activate(t)
+    again = true
   end
+  if again then activate(t) end
 end
 
 -- ---- circuit breaker, per tenant and endpoint --------------------------
@@ -489,11 +657,28 @@ end
 
 local function bkey(t, ep) return P .. ':br:' .. #t .. ':' .. t .. ':' .. ep end
 
--- Lift a tenant's block and put it back on the ring.
-local function unblock(t)
-  redis.call('ZREM', BLOCKED, t)
-  redis.call('HSET', tkey(t), 'bl', 0)
-  activate(t)
+-- Lift a block (a member of P:blocked: a tenant, or "<t>\n<ep>" for an
+-- endpoint under endpoint isolation) and put what it held back on the ring.
+local function unblock(member)
+  redis.call('ZREM', BLOCKED, member)
+  local t, ep = string.match(member, '^([^\n]*)\n(.*)$')
+  if t then
+    local tk = tkey(t)
+    if redis.call('HGET', tk, 'es:' .. ep) == 'b' then
+      redis.call('HDEL', tk, 'es:' .. ep)
+      if ep_ready(t, ep) then activate(t) end
+    end
+    return
+  end
+  redis.call('HSET', tkey(member), 'bl', 0)
+  activate(member)
+end
+
+-- What a block of tenant `t`'s endpoint `ep` is called in P:blocked: the
+-- endpoint under endpoint isolation, else the tenant.
+local function block_of(t, ep)
+  if ISO_EP then return t .. '\n' .. ep end
+  return t
 end
 
 -- May a request to `ep` go out now? Returns true, or the time until which
@@ -524,7 +709,7 @@ local function breaker_record(t, ep, failed, bw, now)
     end
     redis.call('DEL', k)
     redis.call('HINCRBY', tk, 'bw', -1)
-    unblock(t)
+    unblock(block_of(t, ep))
     return 'closed'
   end
   if s == 'open' then return '' end -- a result from before it opened
@@ -551,11 +736,11 @@ local function breaker_record(t, ep, failed, bw, now)
   return ''
 end
 
--- Tenants whose block has run out go back on the ring. Returns when the
+-- Tenants (and endpoints) whose block has run out go back on the ring. Returns when the
 -- next one is due (ms; nil when none is blocked).
 local function unblock_due(now, limit)
-  for _, t in ipairs(redis.call('ZRANGEBYSCORE', BLOCKED, '-inf', now, 'LIMIT', 0, limit)) do
-    unblock(t)
+  for _, member in ipairs(redis.call('ZRANGEBYSCORE', BLOCKED, '-inf', now, 'LIMIT', 0, limit)) do
+    unblock(member)
   end
   local first = redis.call('ZRANGE', BLOCKED, 0, 0, 'WITHSCORES')
   return first[2] and tonumber(first[2])
@@ -610,7 +795,9 @@ local OUTCOME_COUNTER = { delivered = 'ok', dead = 'ko', retry = 'w' }
 -- the in-flight slot is released (a tenant parked at its cap then rejoins
 -- the ring if it has work). `outcome` counts the envelope: 'delivered',
 -- 'dead' (both leave the depth), 'retry' (waits in the delayed set) or nil.
-local function settle(t, charged, actual, now, free_slot, outcome)
+-- `ep` is the endpoint it was leased from under endpoint isolation (nil
+-- otherwise), whose virtual time and slot are settled too.
+local function settle(t, charged, actual, now, free_slot, outcome, ep)
   local tk = tkey(t)
   local counter = OUTCOME_COUNTER[outcome]
   local st = redis.call('HMGET', tk, 'e', 'f', 'k', 'd', 'n', 'bw', 'bl', counter or 'e', 'up')
@@ -640,6 +827,7 @@ local function settle(t, charged, actual, now, free_slot, outcome)
   end
   redis.call('HSET', tk, unpack(set))
   if rejoin then push_active(t, false) end
+  if ISO_EP and ep and ep_settle(t, ep, actual - charged, free_slot) and not rejoin then activate(t) end
   local us = math.floor(actual + 0.5)
   if us > 0 then
     local bucket = P .. ':wsu:' .. math.floor(now / BUCKET_MS)
@@ -726,25 +914,54 @@ local MISSING = 'envelope record missing from the queue (evicted or deleted): no
 
 -- A leased envelope whose record is gone: its tenant is settled as for a
 -- dead letter (slot freed, depth down) and the letter says why.
-local function dead_missing_lease(t, id, charged, used, now)
-  settle(t, charged, used, now, true, 'dead')
+local function dead_missing_lease(t, id, charged, used, now, ep)
+  settle(t, charged, used, now, true, 'dead', ep)
   dead_letter(t, id, 0, MISSING, now, '', '')
 end
 
 -- Return envelopes to the head of their tenants' lanes in original (seq) order.
--- `items` is a list of {tenant, seq, id}.
+-- `items` is a list of {tenant, seq, id, endpoint}; the endpoint names the
+-- lane under endpoint isolation.
 local function return_to_head(items)
   table.sort(items, function(a, b) return a[2] > b[2] end)
-  local touched = {}
+  local touched, eps = {}, {}
   for _, it in ipairs(items) do
-    redis.call('LPUSH', lane(it[1]), it[3])
-    touched[it[1]] = true
+    local t = it[1]
+    if ISO_EP then
+      local ep = it[4] or ''
+      redis.call('LPUSH', eplane(t, ep), it[3])
+      eps[block_of(t, ep)] = { t, ep }
+    else
+      redis.call('LPUSH', lane(t), it[3])
+    end
+    touched[t] = true
+  end
+  for _, te in pairs(eps) do
+    redis.call('SADD', epskey(te[1]), te[2])
+    ep_ready(te[1], te[2])
   end
   for t, _ in pairs(touched) do activate(t) end
 end
 
--- A delayed entry: "<x><ref>" (see P:delayed).
-local function delayed_member(t, id, slot) return (slot and '1' or '0') .. eref(t, id) end
+-- A delayed entry: "<x><ref>" (see P:delayed); under endpoint isolation
+-- "<X><#ep>:<ep><ref>", X 'E' where x is '1' and 'e' where it is '0'.
+local function delayed_member(t, id, slot, ep)
+  if ISO_EP then return (slot and 'E' or 'e') .. istr(#ep) .. ':' .. ep .. eref(t, id) end
+  return (slot and '1' or '0') .. eref(t, id)
+end
+
+-- The parts of a delayed entry: tenant, id (nil, nil when it has no ref),
+-- whether it keeps its tenant's slot, and its endpoint (nil when it names none).
+local function parse_delayed(member)
+  local x, rest, ep = string.sub(member, 1, 1), string.sub(member, 2), nil
+  if x == 'e' or x == 'E' then
+    local len, r = string.match(rest, '^(%d+):(.*)$')
+    len = tonumber(len)
+    if len and #r >= len then ep, rest = string.sub(r, 1, len), string.sub(r, len + 1) end
+  end
+  local t, id = parse_ref(rest)
+  return t, id, x == '1' or x == 'E', ep
+end
 
 -- Move due retries back to the head of their lanes. A retry whose record is
 -- gone is dead-lettered with its tenant settled (its delayed count, depth
@@ -754,8 +971,7 @@ local function promote_due(now, limit)
   local items = {}
   for _, member in ipairs(members) do
     redis.call('ZREM', DELAYED, member)
-    local t, id = parse_ref(string.sub(member, 2))
-    local slot = string.sub(member, 1, 1) == '1'
+    local t, id, slot, ep = parse_delayed(member)
     if not t then
       -- a member of a library version before this one: the bare id
       id = member
@@ -768,10 +984,11 @@ local function promote_due(now, limit)
       redis.call('HINCRBY', tk, 'w', -1)
       if slot then
         redis.call('HDEL', ek, 'x')
-        release(t)
+        release(t, ep)
       end
       if present then
-        items[#items + 1] = { t, tonumber(redis.call('HGET', ek, 's')) or 0, id }
+        local m = redis.call('HMGET', ek, 's', 'ep')
+        items[#items + 1] = { t, tonumber(m[1]) or 0, id, ep or m[2] }
       else
         local st = redis.call('HMGET', tk, 'n', 'ko')
         redis.call('HSET', tk, 'n', math.max(num(st[1], 0) - 1, 0), 'ko', num(st[2], 0) + 1)
@@ -793,21 +1010,21 @@ local function reap(now, limit)
   local items = {}
   for _, member in ipairs(leases) do
     redis.call('ZREM', LEASES, member)
-    local c, at, id, t = parse_lease(member)
+    local c, at, id, t, ep = parse_lease(member)
     if c then
       local ek, present = adopt(t, id)
       local used = (now - num(at, now)) * 1000
       if not present then
-        dead_missing_lease(t, id, c, used, now)
+        dead_missing_lease(t, id, c, used, now, ep)
       else
         local m = redis.call('HMGET', ek, 's', 'p', 'ep')
         local a = redis.call('HINCRBY', ek, 'a', 1)
         local dead = a >= MAX_ATTEMPTS
-        settle(t, c, used, now, true, dead and 'dead' or nil)
+        settle(t, c, used, now, true, dead and 'dead' or nil, ep)
         if dead then
           dead_letter(t, id, a, 'lease expired ' .. a .. ' times without an ack (worker died or hung)', now, m[2], m[3])
         else
-          items[#items + 1] = { t, tonumber(m[1]) or 0, id }
+          items[#items + 1] = { t, tonumber(m[1]) or 0, id, ep or m[3] }
         end
       end
     end

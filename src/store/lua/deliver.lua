@@ -1,7 +1,7 @@
--- Helpers (common.lua): istr, num, lease_member, end_lease, tkey, lane, ekey, adopt, quantum, cap_of,
---   limit_of, bucket_level, token_due, endpoint_gate, spend_endpoint,
---   breaker_gate, breaker_record, unblock_due, paced_until, pace_clear, settle, dead_letter,
---   delayed_member, promote_due, reap
+-- Helpers (common.lua): istr, num, lease_member, end_lease, tkey, lane, eplane, ezkey, has_ready,
+--   ekey, adopt, quantum, cap_of, ep_cap, ep_after, limit_of, bucket_level, token_due,
+--   endpoint_gate, spend_endpoint, block_of, breaker_gate, breaker_record, unblock_due,
+--   paced_until, pace_clear, settle, dead_letter, delayed_member, promote_due, reap
 -- Lease and ack, shared by the lease, ack and ack_lease scripts.
 
 -- After a lease (charging `charged`) or a skip (charging 0), put the
@@ -12,8 +12,9 @@
 -- in-flight cap (cap_of).
 local function reposition(t, tk, d, f, charged, budget, set, tr, cap)
   local n = #set
-  if redis.call('LLEN', lane(t)) == 0 then
-    -- idle: leaves the ring and keeps no credit (debt stays)
+  if not has_ready(t) then
+    -- idle (under endpoint isolation: no endpoint ready): leaves the ring
+    -- and keeps no credit (debt stays)
     redis.call('LPOP', RING)
     set[n + 1] = 'r'; set[n + 2] = '0'; set[n + 3] = 'd'; set[n + 4] = math.min(d, 0)
     set[n + 5] = 'b'; set[n + 6] = '0'
@@ -48,6 +49,25 @@ local function maintain_queue(now)
   redis.call('HSET', P .. ':conf', 'mnext', MAINT_NEXT)
 end
 
+-- Maintenance is due no later than `due` (ms): a block runs out then.
+local function maintain_by(due)
+  if due < MAINT_NEXT then
+    MAINT_NEXT = due
+    redis.call('HSET', P .. ':conf', 'mnext', due)
+  end
+end
+
+-- Under endpoint isolation, take endpoint `ep` (virtual time `v`) of tenant
+-- `t` out of its ready set until `due` (ms): its breaker is open, its
+-- receiver asked for a pause, or it is out of tokens. The tenant's other
+-- endpoints keep its turns; maintenance puts it back (see unblock_due).
+local function ep_block(t, ep, v, due)
+  redis.call('ZREM', ezkey(t), ep)
+  redis.call('HSET', tkey(t), 'es:' .. ep, 'b', 'ev:' .. ep, v)
+  redis.call('ZADD', BLOCKED, due, block_of(t, ep))
+  maintain_by(due)
+end
+
 -- Take tenant `t` off the ring until `due` (ms): its head envelope's
 -- breaker is open, or it or that endpoint is out of tokens. Its share goes
 -- to the others; maintenance puts it back (see unblock_due). `extra` holds
@@ -58,10 +78,7 @@ local function park(t, tk, due, now, extra)
   for i = 1, #extra do set[#set + 1] = extra[i] end
   redis.call('HSET', tk, unpack(set))
   redis.call('ZADD', BLOCKED, due, t)
-  if due < MAINT_NEXT then
-    MAINT_NEXT = due
-    redis.call('HSET', P .. ':conf', 'mnext', due)
-  end
+  maintain_by(due)
 end
 
 -- Lease the next envelope by deficit round robin.
@@ -120,7 +137,24 @@ local function lease_next(lease_ms, token, budget, now)
         park(t, tk, token_due(level, lim.rate, now), now, { 'tk', level, 'tu', now })
       end
     end
-    local id = ready and not throttled and redis.call('LPOP', lane(t))
+    local id = false
+    -- under endpoint isolation: the endpoint served (least virtual time),
+    -- its virtual time and its in-flight count
+    local lep, lv, lf
+    if ready and not throttled then
+      if ISO_EP then
+        local z = redis.call('ZRANGE', ezkey(t), 0, 0, 'WITHSCORES')
+        lep, lv = z[1], tonumber(z[2]) or 0
+        if lep then
+          lf = num(redis.call('HGET', tk, 'ef:' .. lep), 0)
+          if lf < ep_cap(cap) then id = redis.call('LPOP', eplane(t, lep)) end
+          -- at its cap or its lane empty: parked or idle, and the scan goes on
+          if not id then ep_after(t, lep, lv, lf, cap) end
+        end
+      else
+        id = redis.call('LPOP', lane(t))
+      end
+    end
     local env, pass, change, paced = nil, true, '', nil
     local ekk, elevel
     if id then
@@ -132,7 +166,7 @@ local function lease_next(lease_ms, token, budget, now)
       local bw = num(st[4], 0)
       local limited = lim and lim.erate > 0
       if env[1] and (bw > 0 or pz > 0 or limited) then
-        local ep = redis.call('HGET', ek, 'ep') or ''
+        local ep = lep or redis.call('HGET', ek, 'ep') or ''
         if ep ~= '' then
           if pz > 0 then paced = paced_until(t, ep, now) end
           if not paced and bw > 0 then pass, change = breaker_gate(t, ep, now) end
@@ -147,6 +181,12 @@ local function lease_next(lease_ms, token, budget, now)
       redis.call('HSET', tk, 'r', 0, 'b', 0)
     elseif throttled then
       -- parked above
+    elseif id and lep and (paced or pass ~= true) then
+      -- endpoint isolation: only this endpoint waits (its order holds),
+      -- the tenant's others keep its turn
+      redis.call('LPUSH', eplane(t, lep), id)
+      ep_block(t, lep, lv, paced or pass)
+      reposition(t, tk, d, f, 0, b, {}, tr, cap)
     elseif id and paced then
       if ORDERED then
         -- order forbids passing it: the tenant steps off the ring until the
@@ -172,17 +212,24 @@ local function lease_next(lease_ms, token, budget, now)
         -- an id without its record cannot be delivered; say so instead of dropping it silently
         local c = redis.call('HMGET', tk, 'n', 'ko')
         dead_letter(t, id, 0, MISSING, now, '', '')
+        if lep then ep_after(t, lep, lv, lf, cap) end
         reposition(t, tk, d, f, 0, b, { 'n', math.max(num(c[1], 0) - 1, 0), 'ko', num(c[2], 0) + 1 }, tr, cap)
       else
         local deadline = now + lease_ms
         -- the estimate as stored, when it is: no number to format
-        local member = lease_member(st[3] or e, now, id, t, token)
+        local member = lease_member(st[3] or e, now, id, t, token, lep)
         redis.call('ZADD', LEASES, deadline, member)
         d = d - e
         f = f + 1
         local set = { 'd', d, 'f', istr(f) }
         if level then set[5] = 'tk'; set[6] = level - ONE_TOKEN; set[7] = 'tu'; set[8] = now end
         if ekk then spend_endpoint(ekk, elevel, lim, now) end
+        if lep then
+          -- the endpoint's slot, and the tenant's virtual clock at this lease's start
+          local n = #set
+          set[n + 1] = 'ef:' .. lep; set[n + 2] = istr(lf + 1); set[n + 3] = 'evc'; set[n + 4] = lv
+          ep_after(t, lep, lv + e, lf + 1, cap)
+        end
         reposition(t, tk, d, f, e, b, set, tr, cap)
         return { 'LEASED', id, t, env[1], env[2], env[3], member, deadline, env[4], change }
       end
@@ -197,13 +244,13 @@ end
 -- (already acked, or expired and handed to another worker): ack is idempotent.
 -- The second value is the breaker's state change ('closed' after a probe).
 local function ack_one(id, lease, elapsed, now)
-  local c, t = end_lease(id, lease)
+  local c, t, ep = end_lease(id, lease)
   if not c then return 'STALE', '' end
   local ek = ekey(t, id)
-  local bw = settle(t, c, elapsed, now, true, 'delivered')
+  local bw = settle(t, c, elapsed, now, true, 'delivered', ep)
   local change = ''
   -- the endpoint matters only to a tenant with breakers in use
-  if bw > 0 then change = breaker_record(t, redis.call('HGET', ek, 'ep') or '', false, bw, now) end
+  if bw > 0 then change = breaker_record(t, ep or redis.call('HGET', ek, 'ep') or '', false, bw, now) end
   redis.call('DEL', ek)
   return 'OK', change
 end

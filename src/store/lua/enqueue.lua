@@ -1,4 +1,5 @@
--- Helpers (common.lua): num, now_ms, tkey, lane, hold, ekey, claim_ids, activate_fresh
+-- Helpers (common.lua): num, now_ms, tkey, hold, epskey, ekey, claim_ids, lane_append, activate,
+--   activate_fresh
 -- ARGV: id, tenant, endpoint, payload, backlog limit (0: none), tier ('':
 -- unknown, keep what the tenant has; '-': none, clear it; else the tier
 -- name), repeated for each envelope of the batch (one or many), then
@@ -57,6 +58,8 @@ for k = 1, n do
     local st = redis.call('HMGET', tkey(t), 'p', 'm', 'r', 'k', 'bl', 'n', 'ip', 'ia', 'xc', 'h', 'tr', 'sr', 'sb', 'sl', 'su', 'sd')
     ts = { paused = st[1] == '1', moved = st[2] or '', known = st[6] ~= false, depth = tonumber(st[6]) or 0,
       active = st[3] == '1' or st[4] == '1' or st[5] == '1', ip = st[7], ia = st[8], xc = st[9], h = num(st[10], 0), tr = st[11] or '', ids = {}, lane = {}, held = {},
+      -- the endpoint of each id in lane (endpoint isolation)
+      lane_eps = {},
       sr = num(st[12], 0), sb = num(st[13], 0), sl = tonumber(st[14]), su = num(st[15], 0), sd = num(st[16], 0) }
     tenants[t] = ts
     order[#order + 1] = t
@@ -131,6 +134,7 @@ for k = 1, n do
       out[#out + 1] = 'HELD'
     else
       ts.lane[#ts.lane + 1] = id
+      ts.lane_eps[#ts.lane] = ep
       out[#out + 1] = 'OK'
     end
     out[#out + 1] = seq
@@ -160,8 +164,11 @@ for _, t in ipairs(order) do
     redis.call('RPUSH', hold(t), unpack(ts.held))
   end
   if #ts.lane > 0 then
-    redis.call('RPUSH', lane(t), unpack(ts.lane))
-    if not ts.active then activate_fresh(t) end
+    -- under endpoint isolation, a tenant whose endpoints have work already
+    -- (parked at their cap, or blocked) is not idle: no fresh turn
+    local had = ts.active or (ISO_EP and redis.call('EXISTS', epskey(t)) == 1)
+    lane_append(t, ts.lane, ts.lane_eps)
+    if not had then activate_fresh(t) elseif ISO_EP then activate(t) end
   end
 end
 return out

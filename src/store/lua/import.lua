@@ -1,4 +1,4 @@
--- Helpers (common.lua): num, now_ms, tkey, lane, ekey, activate, dead_letter
+-- Helpers (common.lua): num, now_ms, tkey, ekey, lane_append, activate, dead_letter
 -- ARGV: tenant, source queue, the tenant's tier in the source ('' none), its
 -- user pause there ('1' paused, else not) and that pause's version (0: none),
 -- then id, seq (in the source), attempts, payload, enqueued_ms, endpoint per
@@ -25,7 +25,7 @@ local st = redis.call('HMGET', tk, 'isrc', 'isq', 'n', 'ko', 'tr', 'upv', 'up')
 local last = (st[1] == src) and num(st[2], -1) or -1
 local now = now_ms()
 local n, dead, top = 0, 0, last
-local ids = {}
+local ids, eps = {}, {}
 for i = 6, #ARGV, 6 do
   local id, sseq = ARGV[i], tonumber(ARGV[i + 1])
   if sseq == nil then
@@ -37,10 +37,11 @@ for i = 6, #ARGV, 6 do
     redis.call('HSET', ekey(t, id), 't', t, 's', seq, 'a', ARGV[i + 2], 'p', ARGV[i + 3], 'n', ARGV[i + 4],
       'ep', ARGV[i + 5])
     ids[#ids + 1] = id
+    eps[#ids] = ARGV[i + 5]
     n = n + 1
   end
 end
-if n > 0 then redis.call('RPUSH', lane(t), unpack(ids)) end
+lane_append(t, ids, eps)
 if n > 0 or dead > 0 then
   redis.call('HSET', tk, 'isrc', src, 'isq', top, 'n', num(st[3], 0) + n, 'ko', num(st[4], 0) + dead, 'la', now)
   redis.call('SADD', P .. ':tenants', t)

@@ -1,4 +1,4 @@
--- Helpers (common.lua): num, tkey, lane, hold
+-- Helpers (common.lua): num, tkey, lane, hold, eplane, ezkey, epskey, queued_of
 -- ARGV: tenant, target queue. Refuses unless the tenant is paused and drained
 -- here: a lane that is still busy is never moved; and, once its claims are
 -- being copied (claims.lua `begin`), unless every id claimed since has been
@@ -14,9 +14,24 @@ local t, target = ARGV[1], ARGV[2]
 local tk = tkey(t)
 local st = redis.call('HMGET', tk, 'f', 'w', 'p', 'xc', 'up', 'h')
 local q, h = lane(t), hold(t)
-local queued, f, w = redis.call('LLEN', q), tonumber(st[1]) or 0, tonumber(st[2]) or 0
+local queued, f, w = queued_of(t), tonumber(st[1]) or 0, tonumber(st[2]) or 0
 if st[3] ~= '1' or f > 0 or w > 0 or (queued > 0 and st[5] ~= '1') then return { 'BUSY', queued, f, w } end
-if queued > 0 then
+if queued > 0 and ISO_EP then
+  -- endpoint isolation: one endpoint's lane after another goes to the head
+  -- of the hold buffer (each endpoint's order holds; a tenant's endpoints
+  -- have none between them), at most 1000 envelopes per call
+  local moved = 0
+  for _, ep in ipairs(redis.call('SRANDMEMBER', epskey(t), 100)) do
+    local el = eplane(t, ep)
+    while moved < 1000 and redis.call('LMOVE', el, h, 'RIGHT', 'LEFT') do moved = moved + 1 end
+    if redis.call('LLEN', el) > 0 then break end
+    redis.call('SREM', epskey(t), ep)
+    redis.call('ZREM', ezkey(t), ep)
+    redis.call('HDEL', tk, 'es:' .. ep, 'ev:' .. ep)
+  end
+  redis.call('HSET', tk, 'h', num(st[6], 0) + moved)
+  if redis.call('EXISTS', epskey(t)) == 1 then return { 'MERGE', queued_of(t) } end
+elseif queued > 0 then
   -- lane ++ hold, moving the shorter side one end at a time; the rest waits
   -- for the next call. An empty hold buffer takes the lane whole.
   local held, moved = redis.call('LLEN', h), 0

@@ -9,25 +9,26 @@
 -- receiver that paces forever), and the breaker is not touched.
 -- Returns {'RETRY', attempts, due_ms, breaker change} | {'DEAD', attempts, 0, breaker change} | {'STALE'}.
 -- A retry waits in the delayed set; in PerTenant ordering it keeps the
--- tenant's only slot, so later envelopes of that tenant wait behind it.
+-- tenant's only slot (under endpoint isolation, its endpoint's only slot),
+-- so later envelopes of that tenant (endpoint) wait behind it.
 -- An envelope whose record is gone is dead-lettered with that cause, its
 -- tenant settled: nothing half-done is left behind.
 local id, token, elapsed = ARGV[1], ARGV[2], tonumber(ARGV[3])
 local delay, dead, cause, broken = tonumber(ARGV[4]), ARGV[5] == '1', ARGV[6], ARGV[7] == '1'
 local pace = tonumber(ARGV[8] or '0') or 0
-local charged, t = end_lease(id, token)
+local charged, t, ep = end_lease(id, token)
 if not charged then return { 'STALE' } end
 local now = now_ms()
 local ek, present = adopt(t, id)
 if not present then
-  dead_missing_lease(t, id, charged, elapsed, now)
+  dead_missing_lease(t, id, charged, elapsed, now, ep)
   return { 'DEAD', 0, 0, '' }
 end
 local m = redis.call('HMGET', ek, 'p', 'ep')
 local a = redis.call('HINCRBY', ek, 'a', 1)
 dead = dead or a >= MAX_ATTEMPTS
 -- a retry under PerTenant ordering keeps the tenant's only slot
-local bw = settle(t, charged, elapsed, now, dead or not ORDERED, dead and 'dead' or 'retry')
+local bw = settle(t, charged, elapsed, now, dead or not ORDERED, dead and 'dead' or 'retry', ep)
 local change, paced = '', nil
 if pace > 0 and m[2] and m[2] ~= '' then
   paced = pace_endpoint(t, m[2], pace, now)
@@ -39,6 +40,6 @@ if dead then
   return { 'DEAD', a, 0, change }
 end
 local due = paced or now + delay
-redis.call('ZADD', DELAYED, due, delayed_member(t, id, ORDERED))
+redis.call('ZADD', DELAYED, due, delayed_member(t, id, ORDERED, ep or m[2] or ''))
 if ORDERED then redis.call('HSET', ek, 'x', 1) end
 return { 'RETRY', a, due, change }

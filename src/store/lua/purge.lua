@@ -1,4 +1,5 @@
--- Helpers (common.lua): istr, num, now_ms, tkey, lane, dlkey, ekey, dl_retain
+-- Helpers (common.lua): istr, num, now_ms, tkey, lane, dlkey, eplane, ezkey, epskey, queued_of,
+--   ekey, dl_retain
 -- ARGV: tenant, mode ('dead': to its dead letters with cause `purged`;
 -- 'drop': deleted, counted), limit (at most 1000).
 -- A user's purge of one tenant's queued envelopes in this queue, one step:
@@ -17,7 +18,20 @@ local tk = tkey(t)
 local st = redis.call('HMGET', tk, 'm', 'p', 'n', 'ko', 'px', 'f', 'w')
 if st[1] then return { 'MOVED', st[1] } end
 if st[2] == '1' then return { 'MOVING' } end
-local ids = redis.call('LRANGE', lane(t), 0, limit - 1)
+-- the lanes taken from, and how many of each: under endpoint isolation up
+-- to 100 of the tenant's endpoints' lanes, whole lanes while they fit
+local lanes, ids = {}, {}
+if ISO_EP then
+  for _, ep in ipairs(redis.call('SRANDMEMBER', epskey(t), 100)) do
+    if #ids >= limit then break end
+    local got = redis.call('LRANGE', eplane(t, ep), 0, limit - #ids - 1)
+    for _, id in ipairs(got) do ids[#ids + 1] = id end
+    lanes[#lanes + 1] = { eplane(t, ep), #got, ep }
+  end
+else
+  ids = redis.call('LRANGE', lane(t), 0, limit - 1)
+  lanes[1] = { lane(t), #ids }
+end
 local recs = {}
 if mode == 'dead' then
   for i, id in ipairs(ids) do recs[i] = redis.call('HMGET', ekey(t, id), 'p', 'a', 'ep') end
@@ -25,7 +39,14 @@ end
 -- writes
 local n = #ids
 if n > 0 then
-  redis.call('LTRIM', lane(t), n, -1)
+  for _, l in ipairs(lanes) do
+    redis.call('LTRIM', l[1], l[2], -1)
+    -- an endpoint whose lane is now empty is no longer ready
+    if l[3] and redis.call('LLEN', l[1]) == 0 then
+      redis.call('SREM', epskey(t), l[3])
+      if redis.call('ZREM', ezkey(t), l[3]) == 1 then redis.call('HDEL', tk, 'es:' .. l[3]) end
+    end
+  end
   local now = now_ms()
   for i, id in ipairs(ids) do
     if mode == 'dead' then
@@ -44,4 +65,4 @@ if n > 0 then
   redis.call('HSET', tk, unpack(set))
   if mode == 'dead' then dl_retain(t) end
 end
-return { 'OK', n, redis.call('LLEN', lane(t)), num(st[6], 0), num(st[7], 0) }
+return { 'OK', n, queued_of(t), num(st[6], 0), num(st[7], 0) }

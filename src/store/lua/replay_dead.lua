@@ -1,4 +1,4 @@
--- Helpers (common.lua): num, now_ms, tkey, lane, hold, dlkey, ekey, activate
+-- Helpers (common.lua): num, now_ms, tkey, hold, dlkey, ekey, lane_append, activate
 -- ARGV: tenant, cursor, page, since, until, endpoint, then ids (none: every
 -- dead letter).
 -- Replays one page of the tenant's dead letters in this queue: it reads up
@@ -52,16 +52,15 @@ if #take == 0 then return { 'OK', 0, next_cursor, #entries } end
 
 -- writes: nothing below can fail (every unpack is of one page)
 local now = now_ms()
-local dest = (st[1] == '1') and hold(t) or lane(t)
 local seq0 = redis.call('INCRBY', P .. ':seq', #take) - #take
-local xids, ids = {}, {}
+local xids, ids, eps = {}, {}, {}
 for j, it in ipairs(take) do
   local f = it[2]
-  xids[j], ids[j] = it[1], f.id
-  redis.call('HSET', ekey(t, f.id), 't', t, 's', seq0 + j, 'p', f.p, 'n', now, 'ep', f.ep or '')
+  xids[j], ids[j], eps[j] = it[1], f.id, f.ep or ''
+  redis.call('HSET', ekey(t, f.id), 't', t, 's', seq0 + j, 'p', f.p, 'n', now, 'ep', eps[j])
 end
 redis.call('XDEL', k, unpack(xids))
-redis.call('RPUSH', dest, unpack(ids))
+if st[1] == '1' then redis.call('RPUSH', hold(t), unpack(ids)) else lane_append(t, ids, eps) end
 local set = { 'n', num(st[3], 0) + #take }
 if st[1] == '1' then set[3] = 'h'; set[4] = num(redis.call('HGET', tk, 'h'), 0) + #take end
 redis.call('HSET', tk, unpack(set))

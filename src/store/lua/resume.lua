@@ -1,4 +1,4 @@
--- Helpers (common.lua): tkey, lane, hold, activate
+-- Helpers (common.lua): tkey, lane, hold, adopt, lane_append, activate
 -- ARGV: tenant, limit. Appends the hold buffer to the lane in order and
 -- unpauses (and stops copying its claims, should a move have begun). A long buffer is moved in steps of `limit` (the tenant stays
 -- paused meanwhile, so order holds): returns {'MORE', moved} until {'DONE', moved}.
@@ -6,7 +6,21 @@ local t, limit = ARGV[1], tonumber(ARGV[2])
 local tk = tkey(t)
 local h, q = hold(t), lane(t)
 local moved = 0
-if redis.call('EXISTS', h) == 1 and redis.call('LLEN', q) == 0 then
+if ISO_EP then
+  -- each held envelope to the lane of its endpoint, in order (at most a
+  -- page: the record of each is read for its endpoint)
+  limit = math.min(math.max(math.floor(limit or 500), 1), 1000)
+  local ids = redis.call('LRANGE', h, 0, limit - 1)
+  local eps = {}
+  for i, id in ipairs(ids) do eps[i] = redis.call('HGET', adopt(t, id), 'ep') or '' end
+  moved = #ids
+  lane_append(t, ids, eps)
+  if moved > 0 then redis.call('LTRIM', h, moved, -1) end
+  if redis.call('LLEN', h) > 0 then
+    redis.call('HINCRBY', tk, 'h', -moved)
+    return { 'MORE', moved }
+  end
+elseif redis.call('EXISTS', h) == 1 and redis.call('LLEN', q) == 0 then
   moved = redis.call('LLEN', h)
   redis.call('RENAME', h, q)
 else

@@ -1,4 +1,4 @@
--- Helpers (common.lua): num, now_ms, tkey, lane, hold, dlkey, limit_of, bucket_level
+-- Helpers (common.lua): num, now_ms, tkey, lane, hold, dlkey, ezkey, epskey, limit_of, bucket_level
 -- ARGV: count (SSCAN COUNT hint, 1 to 500). One bounded step of the sweep
 -- of idle tenants (policy `sweep`, seconds; 0: never): scans the next part
 -- of P:tenants from the cursor kept in P:conf (swc) and deletes the
@@ -73,7 +73,7 @@ for _, t in ipairs(members) do
       end
     end
     if idle then
-      idle = redis.call('EXISTS', lane(t), hold(t)) == 0
+      idle = redis.call('EXISTS', lane(t), hold(t), epskey(t), ezkey(t)) == 0
       -- dead letters are data; an empty stream (retention or a replay
       -- took them all) is not. pcall: a key of another type counts as data
       local len = redis.pcall('XLEN', dlkey(t))

@@ -1,10 +1,11 @@
 //! Shared test bodies: tests that take a Redis URL, run by the single-server
 //! test binaries and again by `tests/cluster.rs` on a Redis Cluster: the
 //! data-plane fairness and relocation bodies (`dataplane`), store integrity
-//! (`integrity`), the model property test (`model`) and its rate-limit
-//! counterpart (`buckets`).
+//! (`integrity`), endpoint isolation (`isolation`), the model property test
+//! (`model`) and its rate-limit counterpart (`buckets`).
 
 pub mod buckets;
 pub mod dataplane;
 pub mod integrity;
+pub mod isolation;
 pub mod model;
