@@ -148,6 +148,18 @@ spec:
         std::time::Duration::from_secs(120)
     );
     assert_eq!(spec.worker.concurrency, 16);
+    assert_eq!(spec.isolation, lanekeeper::crd::Isolation::Tenant);
+    assert_eq!(spec.scheduler.max_in_flight_per_endpoint, None);
+    let iso = cp.kubectl_ok(&[
+        "get",
+        "-n",
+        &ns,
+        "shardset",
+        "minimal",
+        "-o",
+        "jsonpath={.spec.isolation}",
+    ]);
+    assert_eq!(iso, "Tenant", "the API server writes the default");
 }
 
 #[test]
@@ -213,6 +225,33 @@ fn explain_documents_fields() {
     );
     let lane = cp.kubectl_ok(&["explain", "dedicatedlane.status.phase"]);
     assert!(lane.contains("Relocation phase"), "{lane}");
+
+    let iso = cp.kubectl_ok(&["explain", "shardset.spec.isolation"]);
+    let iso = iso.split_whitespace().collect::<Vec<_>>().join(" ");
+    for want in [
+        "What the fair scheduler isolates inside each queue",
+        "`Tenant` (default)",
+        "Fixed for the set's life",
+        "create a new ShardSet instead",
+        "strictly in enqueue order per (tenant, endpoint)",
+        "with no order between a tenant's different endpoints",
+        "a tenant's share does not grow with its number of endpoints",
+        "order survives moves",
+    ] {
+        assert!(iso.contains(want), "missing {want:?} in:\n{iso}");
+    }
+    let cap = cp.kubectl_ok(&["explain", "shardset.spec.scheduler.maxInFlightPerEndpoint"]);
+    let cap = cap.split_whitespace().collect::<Vec<_>>().join(" ");
+    for want in [
+        "Only with `isolation: Endpoint`",
+        "most envelopes of one (tenant, endpoint) leased at once",
+        "half the tenant's cap",
+        "rounded up",
+        "Never above the tenant's cap",
+        "Under `ordering: PerTenant` it is 1",
+    ] {
+        assert!(cap.contains(want), "missing {want:?} in:\n{cap}");
+    }
 }
 
 fn rejected(cp: &ControlPlane, ns: &str, manifest: &str) -> String {
@@ -660,5 +699,211 @@ spec:
         "redis.username must be non-empty, without spaces",
     ] {
         assert!(err.contains(want), "missing {want:?} in:\n{err}");
+    }
+}
+
+/// A ShardSet of the given name with `spec_extra` (YAML lines, two-space
+/// indented under `spec:`).
+fn isolation_set(name: &str, spec_extra: &str) -> String {
+    format!(
+        r#"
+apiVersion: lanekeeper.io/v1alpha1
+kind: ShardSet
+metadata: {{name: {name}}}
+spec:
+  shards: 2
+  redis: {{url: "redis://redis:6379/0"}}
+  worker: {{image: "lanekeeper:dev"}}
+{spec_extra}
+"#
+    )
+}
+
+/// Run kubectl; it must fail. Returns its stderr.
+fn refused(cp: &ControlPlane, args: &[&str]) -> String {
+    let out = cp.kubectl().args(args).output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(
+        !out.status.success(),
+        "the API server accepted kubectl {}",
+        args.join(" ")
+    );
+    stderr
+}
+
+const ISOLATION_IMMUTABLE: &str = "isolation is immutable: Tenant and Endpoint lay out the queues differently; create a new ShardSet instead";
+
+#[test]
+fn isolation_is_checked_and_fixed_for_the_sets_life() {
+    let cp = cluster();
+    let ns = cp.namespace("isolation");
+    let apply = |manifest: &str| cp.kubectl_stdin(&["apply", "-n", &ns, "-f", "-"], manifest);
+    let get_isolation = |name: &str| {
+        cp.kubectl_ok(&[
+            "get",
+            "-n",
+            &ns,
+            "shs",
+            name,
+            "-o",
+            "jsonpath={.spec.isolation}",
+        ])
+    };
+
+    // A value that is neither Tenant nor Endpoint, named with the field.
+    let err = rejected(cp, &ns, &isolation_set("typo", "  isolation: PerEndpoint"));
+    assert!(
+        err.contains("spec.isolation") && err.contains(r#""Tenant", "Endpoint""#),
+        "{err}"
+    );
+
+    // Created with Tenant: switching to Endpoint is refused, by apply and
+    // by patch; other changes still go through.
+    apply(&isolation_set("by-tenant", "  isolation: Tenant"));
+    let err = rejected(
+        cp,
+        &ns,
+        &isolation_set("by-tenant", "  isolation: Endpoint"),
+    );
+    assert!(
+        err.contains("spec.isolation") && err.contains(ISOLATION_IMMUTABLE),
+        "{err}"
+    );
+    let err = refused(
+        cp,
+        &[
+            "patch",
+            "-n",
+            &ns,
+            "shs",
+            "by-tenant",
+            "--type=merge",
+            "-p",
+            r#"{"spec":{"isolation":"Endpoint"}}"#,
+        ],
+    );
+    assert!(err.contains(ISOLATION_IMMUTABLE), "{err}");
+    apply(&isolation_set(
+        "by-tenant",
+        "  isolation: Tenant\n  scheduler: {maxInFlightPerTenant: 4}",
+    ));
+    assert_eq!(get_isolation("by-tenant"), "Tenant");
+
+    // Created without the field (Tenant by default): adding Endpoint is
+    // refused; adding Tenant, the value in force, is not a change.
+    apply(&isolation_set("unset", ""));
+    let err = rejected(cp, &ns, &isolation_set("unset", "  isolation: Endpoint"));
+    assert!(err.contains(ISOLATION_IMMUTABLE), "{err}");
+    apply(&isolation_set("unset", "  isolation: Tenant"));
+    assert_eq!(get_isolation("unset"), "Tenant");
+
+    // Created with Endpoint: removing the field (which would make it
+    // Tenant) is refused, by apply and by a JSON patch; so is Tenant.
+    apply(&isolation_set(
+        "by-endpoint",
+        "  isolation: Endpoint\n  scheduler: {maxInFlightPerEndpoint: 2}",
+    ));
+    assert_eq!(get_isolation("by-endpoint"), "Endpoint");
+    let err = rejected(cp, &ns, &isolation_set("by-endpoint", ""));
+    assert!(
+        err.contains("spec.isolation") && err.contains(ISOLATION_IMMUTABLE),
+        "{err}"
+    );
+    let err = refused(
+        cp,
+        &[
+            "patch",
+            "-n",
+            &ns,
+            "shs",
+            "by-endpoint",
+            "--type=json",
+            "-p",
+            r#"[{"op":"remove","path":"/spec/isolation"},{"op":"remove","path":"/spec/scheduler/maxInFlightPerEndpoint"}]"#,
+        ],
+    );
+    assert!(err.contains(ISOLATION_IMMUTABLE), "{err}");
+    let err = refused(
+        cp,
+        &[
+            "patch",
+            "-n",
+            &ns,
+            "shs",
+            "by-endpoint",
+            "--type=merge",
+            "-p",
+            r#"{"spec":{"isolation":"Tenant","scheduler":{"maxInFlightPerEndpoint":null}}}"#,
+        ],
+    );
+    assert!(err.contains(ISOLATION_IMMUTABLE), "{err}");
+    // Its endpoint cap may change; the isolation stays.
+    apply(&isolation_set(
+        "by-endpoint",
+        "  isolation: Endpoint\n  scheduler: {maxInFlightPerEndpoint: 5}",
+    ));
+    let json = cp.kubectl_ok(&["get", "-n", &ns, "shs", "by-endpoint", "-o", "json"]);
+    let obj: lanekeeper::crd::ShardSet = serde_json::from_str(&json).unwrap();
+    assert_eq!(obj.spec.isolation, lanekeeper::crd::Isolation::Endpoint);
+    assert_eq!(obj.spec.scheduler.max_in_flight_per_endpoint, Some(5));
+    let p = lanekeeper::policy::QueuePolicy::from_spec(&obj.spec);
+    assert_eq!(p.isolation, lanekeeper::policy::Isolation::Endpoint);
+    assert_eq!(p.max_in_flight_per_endpoint, Some(5));
+
+    // Deleting the set and creating it anew with the other isolation is
+    // the way to change it.
+    cp.kubectl_ok(&["delete", "-n", &ns, "shs", "by-tenant", "--wait=true"]);
+    apply(&isolation_set("by-tenant", "  isolation: Endpoint"));
+    assert_eq!(get_isolation("by-tenant"), "Endpoint");
+}
+
+#[test]
+fn max_in_flight_per_endpoint_is_checked_by_the_api_server() {
+    let cp = cluster();
+    let ns = cp.namespace("endpoint-cap");
+    for (name, cap) in [("zero", "0"), ("huge", "10001")] {
+        let err = rejected(
+            cp,
+            &ns,
+            &isolation_set(
+                name,
+                &format!("  isolation: Endpoint\n  scheduler: {{maxInFlightPerEndpoint: {cap}}}"),
+            ),
+        );
+        assert!(
+            err.contains("spec.scheduler.maxInFlightPerEndpoint")
+                && err.contains("scheduler.maxInFlightPerEndpoint must be between 1 and 10000"),
+            "{cap}: {err}"
+        );
+    }
+    // Without Endpoint isolation, absent or Tenant, it has no meaning.
+    for (name, isolation) in [("absent", ""), ("tenant", "  isolation: Tenant\n")] {
+        let err = rejected(
+            cp,
+            &ns,
+            &isolation_set(
+                name,
+                &format!("{isolation}  scheduler: {{maxInFlightPerEndpoint: 2}}"),
+            ),
+        );
+        assert!(
+            err.contains("spec.scheduler.maxInFlightPerEndpoint")
+                && err.contains(
+                    "scheduler.maxInFlightPerEndpoint needs isolation: Endpoint (under Tenant isolation a tenant has one cap, scheduler.maxInFlightPerTenant)"
+                ),
+            "{name}: {err}"
+        );
+    }
+    let list = cp.kubectl_ok(&["get", "-n", &ns, "shs", "-o", "name"]);
+    assert_eq!(list.trim(), "", "{list}");
+    // The bounds themselves are accepted.
+    for (name, cap) in [("one", "1"), ("most", "10000")] {
+        cp.kubectl_stdin(
+            &["apply", "-n", &ns, "-f", "-"],
+            &isolation_set(
+                name,
+                &format!("  isolation: Endpoint\n  scheduler: {{maxInFlightPerEndpoint: {cap}}}"),
+            ),
+        );
     }
 }

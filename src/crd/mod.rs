@@ -125,6 +125,155 @@ mod tests {
         assert!(!p.weights.contains_key("plain") && !p.caps.contains_key("plain"));
     }
 
+    fn spec_with(extra: serde_json::Value) -> ShardSetSpec {
+        let mut v = serde_json::json!({
+            "shards": 1,
+            "redis": {"url": "redis://r:6379"},
+            "worker": {"image": "w:1"},
+        });
+        for (k, x) in extra.as_object().unwrap() {
+            v[k] = x.clone();
+        }
+        serde_json::from_value(v).unwrap()
+    }
+
+    #[test]
+    fn isolation_defaults_to_tenant_with_no_endpoint_cap() {
+        use crate::policy::Isolation as Policy;
+        let spec = spec_with(serde_json::json!({}));
+        assert_eq!(spec.isolation, Isolation::Tenant);
+        let p = crate::policy::QueuePolicy::from_spec(&spec);
+        assert_eq!(p.isolation, Policy::Tenant);
+        assert_eq!(p.max_in_flight_per_endpoint, None);
+        // Explicit Tenant, and an endpoint cap the API server would refuse
+        // without Endpoint isolation: no endpoint cap reaches the queue.
+        let spec = spec_with(serde_json::json!({
+            "isolation": "Tenant",
+            "scheduler": {"maxInFlightPerEndpoint": 3},
+        }));
+        let p = crate::policy::QueuePolicy::from_spec(&spec);
+        assert_eq!(p.isolation, Policy::Tenant);
+        assert_eq!(p.max_in_flight_per_endpoint, None);
+    }
+
+    #[test]
+    fn endpoint_isolation_and_its_cap_reach_the_queue_policy() {
+        use crate::policy::Isolation as Policy;
+        let spec = spec_with(serde_json::json!({
+            "isolation": "Endpoint",
+            "scheduler": {"maxInFlightPerTenant": 10, "maxInFlightPerEndpoint": 3},
+        }));
+        let p = crate::policy::QueuePolicy::from_spec(&spec);
+        assert_eq!(p.isolation, Policy::Endpoint);
+        assert_eq!(p.max_in_flight_per_endpoint, Some(3));
+        assert_eq!(p.max_in_flight, 10);
+        assert!(!p.ordered);
+
+        // Unset: the scripts derive half the tenant's cap, per tenant (a
+        // tenant's own cap may differ from the set-wide one).
+        let spec = spec_with(serde_json::json!({
+            "isolation": "Endpoint",
+            "tenants": [{"tenant": "vip", "maxInFlight": 32}],
+        }));
+        let p = crate::policy::QueuePolicy::from_spec(&spec);
+        assert_eq!(p.isolation, Policy::Endpoint);
+        assert_eq!(p.max_in_flight_per_endpoint, None);
+        assert_eq!(p.caps.get("vip"), Some(&32));
+
+        // An endpoint cap above the tenant's is passed as given: the scripts
+        // take the smaller of the two for each tenant, whose own cap may be
+        // overridden above the set-wide one.
+        let spec = spec_with(serde_json::json!({
+            "isolation": "Endpoint",
+            "scheduler": {"maxInFlightPerTenant": 4, "maxInFlightPerEndpoint": 16},
+        }));
+        let p = crate::policy::QueuePolicy::from_spec(&spec);
+        assert_eq!(
+            (p.max_in_flight, p.max_in_flight_per_endpoint),
+            (4, Some(16))
+        );
+    }
+
+    #[test]
+    fn strict_order_under_endpoint_isolation_is_one_per_endpoint_not_per_tenant() {
+        let spec = spec_with(serde_json::json!({
+            "isolation": "Endpoint",
+            "scheduler": {
+                "ordering": "PerTenant",
+                "maxInFlightPerTenant": 6,
+                "maxInFlightPerEndpoint": 3,
+            },
+        }));
+        let p = crate::policy::QueuePolicy::from_spec(&spec);
+        assert!(p.ordered);
+        assert_eq!(p.isolation, crate::policy::Isolation::Endpoint);
+        assert_eq!(p.max_in_flight_per_endpoint, Some(1));
+        // The tenant may have up to its cap in flight across its endpoints.
+        assert_eq!(p.max_in_flight, 6);
+    }
+
+    #[test]
+    fn isolation_serializes_as_the_api_spells_it() {
+        let spec = spec_with(serde_json::json!({"isolation": "Endpoint"}));
+        let v = serde_json::to_value(&spec).unwrap();
+        assert_eq!(v["isolation"], "Endpoint");
+        assert!(v["scheduler"].get("maxInFlightPerEndpoint").is_none());
+        let bad = serde_json::from_value::<ShardSetSpec>(serde_json::json!({
+            "shards": 1, "redis": {"url": "redis://r:6379"}, "worker": {"image": "w"},
+            "isolation": "endpoint",
+        }));
+        let err = bad.unwrap_err().to_string();
+        assert!(err.contains("unknown variant `endpoint`"), "{err}");
+    }
+
+    #[test]
+    fn isolation_rules_are_on_the_spec_and_the_transition_rule_uses_old_self() {
+        let crd = ShardSet::crd();
+        let schema = serde_json::to_value(
+            crd.spec.versions[0]
+                .schema
+                .as_ref()
+                .unwrap()
+                .open_api_v3_schema
+                .as_ref()
+                .unwrap(),
+        )
+        .unwrap();
+        let spec = &schema["properties"]["spec"];
+        assert_eq!(spec["properties"]["isolation"]["default"], "Tenant");
+        assert_eq!(
+            spec["properties"]["isolation"]["enum"],
+            serde_json::json!(["Tenant", "Endpoint"])
+        );
+        let rules = spec["x-kubernetes-validations"].as_array().unwrap();
+        let transition = rules
+            .iter()
+            .find(|r| r["fieldPath"] == ".isolation")
+            .expect("the isolation transition rule");
+        let rule = transition["rule"].as_str().unwrap();
+        assert!(
+            rule.contains("oldSelf") && rule.contains("'Tenant'"),
+            "{rule}"
+        );
+        assert!(transition["message"]
+            .as_str()
+            .unwrap()
+            .contains("create a new ShardSet instead"));
+        let needs = rules
+            .iter()
+            .find(|r| r["fieldPath"] == ".scheduler.maxInFlightPerEndpoint")
+            .expect("the endpoint cap's rule");
+        assert!(
+            !needs["rule"].as_str().unwrap().contains("oldSelf"),
+            "a creation rule, not a transition rule"
+        );
+        let cap = &spec["properties"]["scheduler"]["properties"]["maxInFlightPerEndpoint"];
+        assert_eq!(
+            cap["x-kubernetes-validations"][0]["rule"],
+            "self >= 1 && self <= 10000"
+        );
+    }
+
     #[test]
     fn rendered_yaml_round_trips() {
         for crd in all() {

@@ -67,6 +67,8 @@ use serde::{Deserialize, Serialize};
         json_path = ".metadata.creationTimestamp"
     )
 )]
+#[x_kube(validation = Rule::new("(has(self.isolation) ? self.isolation : 'Tenant') == (has(oldSelf.isolation) ? oldSelf.isolation : 'Tenant')").message("isolation is immutable: Tenant and Endpoint lay out the queues differently; create a new ShardSet instead").field_path(".isolation").reason(Reason::FieldValueForbidden))]
+#[x_kube(validation = Rule::new("!has(self.scheduler) || !has(self.scheduler.maxInFlightPerEndpoint) || (has(self.isolation) && self.isolation == 'Endpoint')").message("scheduler.maxInFlightPerEndpoint needs isolation: Endpoint (under Tenant isolation a tenant has one cap, scheduler.maxInFlightPerTenant)").field_path(".scheduler.maxInFlightPerEndpoint").reason(Reason::FieldValueForbidden))]
 #[serde(rename_all = "camelCase")]
 pub struct ShardSetSpec {
     /// Number of shards (hash queues) tenants are spread over, 1 to 1024.
@@ -85,6 +87,38 @@ pub struct ShardSetSpec {
     /// Fairness policy inside each shard.
     #[serde(default)]
     pub scheduler: SchedulerSpec,
+
+    /// What the fair scheduler isolates inside each queue: `Tenant`
+    /// (default) or `Endpoint`. Fixed for the set's life: the API server
+    /// refuses a change (adding or removing the field included, when that
+    /// changes the value); create a new ShardSet instead.
+    ///
+    /// `Tenant`: one FIFO lane and one in-flight cap
+    /// (`scheduler.maxInFlightPerTenant`) per tenant. A tenant's slow or
+    /// failing endpoint can fill its cap and hold back its other endpoints.
+    /// Order: with `ordering: PerTenant`, a tenant's deliveries happen
+    /// strictly in enqueue order (one in flight); with `None`, they start in
+    /// enqueue order but may overlap and finish out of order, and retries
+    /// may pass later envelopes.
+    ///
+    /// `Endpoint`: one FIFO lane and one in-flight cap
+    /// (`scheduler.maxInFlightPerEndpoint`; default half the tenant's cap,
+    /// rounded up) per (tenant, endpoint). An open breaker, a receiver's
+    /// Retry-After or an endpoint rate limit parks only that endpoint; the
+    /// tenant's other endpoints keep flowing. The tenant's own cap still
+    /// bounds it over all its endpoints. Fairness between tenants stays per
+    /// tenant (deficit round robin in worker-seconds): a tenant's share does
+    /// not grow with its number of endpoints; its endpoints share its turns
+    /// by worker-seconds. Order: with `ordering: PerTenant`, strictly in
+    /// enqueue order per (tenant, endpoint) (one in flight per endpoint, up
+    /// to the tenant's cap across its endpoints), with no order between a
+    /// tenant's different endpoints; with `None`, they start in enqueue
+    /// order per (tenant, endpoint) and may overlap.
+    ///
+    /// Either way, order survives moves (promotion to a dedicated lane,
+    /// reshard). Routing to shards stays by tenant.
+    #[serde(default)]
+    pub isolation: Isolation,
 
     /// How one webhook is delivered: timeouts, retries and the per-endpoint circuit breaker.
     #[serde(default)]
@@ -137,8 +171,8 @@ pub struct TenantOverride {
     )]
     pub tier: Option<String>,
     /// Deliveries in flight at once, 1 to 1000 (over
-    /// `scheduler.maxInFlightPerTenant`; under `PerTenant` ordering every
-    /// tenant's cap stays 1).
+    /// `scheduler.maxInFlightPerTenant`; under `PerTenant` ordering with
+    /// `Tenant` isolation every tenant's cap stays 1).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[x_kube(validation = Rule::new("self >= 1 && self <= 1000").message("tenants[].maxInFlight must be between 1 and 1000"))]
     pub max_in_flight: Option<i32>,
@@ -376,6 +410,20 @@ pub enum Ordering {
     PerTenant,
 }
 
+/// What the fairness and the in-flight cap isolate inside a queue (`spec.isolation`).
+#[derive(
+    schemars::JsonSchema, Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Default,
+)]
+pub enum Isolation {
+    /// One FIFO lane and one in-flight cap per tenant; order per tenant.
+    #[default]
+    Tenant,
+    /// One FIFO lane and one in-flight cap per (tenant, endpoint) inside
+    /// the tenant's turns; fairness between tenants stays per tenant; order
+    /// per (tenant, endpoint).
+    Endpoint,
+}
+
 /// Fairness policy inside each queue: deficit round robin over the active
 /// tenants, priced in worker-seconds.
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
@@ -388,10 +436,24 @@ pub struct SchedulerSpec {
     pub quantum_seconds: f64,
 
     /// Most envelopes of one tenant leased at once in one queue. A tenant at its
-    /// cap is skipped until one of its leases is acked.
+    /// cap is skipped until one of its leases is acked. With `isolation:
+    /// Endpoint` it bounds the tenant over all its endpoints, and each
+    /// endpoint has its own cap too (`maxInFlightPerEndpoint`).
     #[serde(default = "default_max_in_flight")]
     #[x_kube(validation = Rule::new("self >= 1 && self <= 10000").message("scheduler.maxInFlightPerTenant must be between 1 and 10000"))]
     pub max_in_flight_per_tenant: i32,
+
+    /// Only with `isolation: Endpoint` (refused otherwise): most envelopes
+    /// of one (tenant, endpoint) leased at once in one queue, 1 to 10000.
+    /// An endpoint at its cap is skipped while the tenant's other endpoints
+    /// go on. Unset: half the tenant's cap (`maxInFlightPerTenant`, or the
+    /// tenant's `tenants[].maxInFlight`), rounded up, so one slow endpoint
+    /// can never hold all of its tenant's slots. Never above the tenant's
+    /// cap: the smaller of the two applies. Under `ordering: PerTenant` it
+    /// is 1 (strict order per endpoint).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[x_kube(validation = Rule::new("self >= 1 && self <= 10000").message("scheduler.maxInFlightPerEndpoint must be between 1 and 10000"))]
+    pub max_in_flight_per_endpoint: Option<i32>,
 
     /// Weight of tenants not listed in `weights` or `tierWeights`.
     #[serde(default = "default_weight")]
@@ -415,7 +477,9 @@ pub struct SchedulerSpec {
     pub tier_weights: Vec<TierWeight>,
 
     /// `None` (default): up to `maxInFlightPerTenant` in flight per tenant.
-    /// `PerTenant`: strict per-tenant order, one in flight per tenant.
+    /// `PerTenant`: strict per-tenant order, one in flight per tenant; with
+    /// `isolation: Endpoint`, strict order per (tenant, endpoint), one in
+    /// flight per endpoint (see `spec.isolation`).
     #[serde(default)]
     pub ordering: Ordering,
 
@@ -577,6 +641,7 @@ impl Default for SchedulerSpec {
         Self {
             quantum_seconds: default_quantum(),
             max_in_flight_per_tenant: default_max_in_flight(),
+            max_in_flight_per_endpoint: None,
             default_weight: default_weight(),
             weights: Vec::new(),
             tier_weights: Vec::new(),
@@ -1233,6 +1298,19 @@ impl crate::policy::QueuePolicy {
         use crate::policy::{BreakerPolicy, DeadLetterPolicy};
         let s = &spec.scheduler;
         let ordered = s.ordering == Ordering::PerTenant;
+        let isolation = match spec.isolation {
+            Isolation::Tenant => crate::policy::Isolation::Tenant,
+            Isolation::Endpoint => crate::policy::Isolation::Endpoint,
+        };
+        // Only endpoint isolation has endpoint caps (the API server refuses
+        // the field otherwise); strict order keeps each endpoint at 1. The
+        // scripts take the smaller of it and each tenant's own cap, since
+        // a tenant's cap may be overridden above the set-wide one.
+        let max_in_flight_per_endpoint = match spec.isolation {
+            Isolation::Tenant => None,
+            Isolation::Endpoint if ordered => Some(1),
+            Isolation::Endpoint => s.max_in_flight_per_endpoint.map(|n| n.max(1) as u32),
+        };
         Self {
             quantum_seconds: s.quantum_seconds,
             max_in_flight: s.max_in_flight_per_tenant.max(1) as u32,
@@ -1292,6 +1370,8 @@ impl crate::policy::QueuePolicy {
                     }))
                     .collect(),
             },
+            isolation,
+            max_in_flight_per_endpoint,
             ..Self::default()
         }
     }
