@@ -73,6 +73,22 @@ proptest! {
         let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
         rt.block_on(support::model::run(&url, ops, ordered))?;
     }
+
+    /// The same under endpoint isolation (order per tenant and endpoint).
+    #[test]
+    fn model_per_endpoint_no_loss_no_double_ack_in_order(
+        ops in prop::collection::vec(support::model::op(), 1..60),
+        ordered in any::<bool>(),
+    ) {
+        let url = shared().url.clone();
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        rt.block_on(support::model::run_isolated(
+            &url,
+            ops,
+            ordered,
+            lanekeeper::policy::Isolation::Endpoint,
+        ))?;
+    }
 }
 
 #[tokio::test]
@@ -599,4 +615,15 @@ async fn ingest_enqueues_into_queues_on_every_primary() {
     );
     support::process::signal(ingest.pid, libc::SIGTERM);
     store.purge_set().await.unwrap();
+}
+
+/// Endpoint isolation across slots: the endpoint lanes, the ready set and
+/// the endpoints' blocks live in the queue's slot.
+#[tokio::test]
+async fn endpoint_isolation_across_slots() {
+    let url = &shared().url;
+    support::isolation::a_slow_endpoint_does_not_hold_back_its_tenants_fast_one(url).await;
+    support::isolation::a_broken_or_paced_endpoint_is_parked_alone(url).await;
+    support::isolation::reaps_releases_and_lost_records_free_endpoint_slots(url).await;
+    support::isolation::a_move_keeps_each_endpoints_order(url).await;
 }

@@ -4,14 +4,15 @@
 //! expiry and reap, records deleted behind the store's back, dead-letter
 //! replays, moves of a tenant between two queues, and a user's pause and
 //! resume of a tenant (no lease of a paused tenant; a move keeps the pause),
-//! against the real store at a URL.
+//! against the real store at a URL. Under endpoint isolation each tenant
+//! sends to two endpoints, and order is checked per (tenant, endpoint).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
 use lanekeeper::envelope::Envelope;
-use lanekeeper::policy::QueuePolicy;
+use lanekeeper::policy::{Isolation, QueuePolicy};
 use lanekeeper::routing::QueueId;
 use lanekeeper::store::{keys, EnqueueOutcome, Failure, Lease, LeaseOutcome, SetId, Store};
 use proptest::prelude::*;
@@ -76,6 +77,7 @@ struct Model {
     held: Vec<Lease>,
     acked: BTreeMap<Key, u32>,
     order: BTreeMap<String, Vec<u64>>,
+    isolation: Isolation,
     /// Paused by a user now.
     paused: [bool; TENANTS],
 }
@@ -109,7 +111,12 @@ impl Model {
         let key = (l.tenant.clone(), l.id.clone());
         *self.acked.entry(key.clone()).or_default() += 1;
         if !self.killed.contains(&key) && !self.deleted.contains(&key) {
-            self.order.entry(l.tenant.clone()).or_default().push(seq);
+            // order holds per tenant, or per (tenant, endpoint)
+            let stream = match self.isolation {
+                Isolation::Tenant => l.tenant.clone(),
+                Isolation::Endpoint => format!("{}/{}", l.tenant, env.endpoint_name()),
+            };
+            self.order.entry(stream).or_default().push(seq);
         }
         Ok(())
     }
@@ -134,6 +141,16 @@ impl Model {
 }
 
 pub async fn run(url: &str, ops: Vec<Op>, ordered: bool) -> Result<(), TestCaseError> {
+    run_isolated(url, ops, ordered, Isolation::Tenant).await
+}
+
+/// [`run`] under `isolation`.
+pub async fn run_isolated(
+    url: &str,
+    ops: Vec<Op>,
+    ordered: bool,
+    isolation: Isolation,
+) -> Result<(), TestCaseError> {
     static N: AtomicU32 = AtomicU32::new(0);
     let set = SetId::new("model", format!("m{}", N.fetch_add(1, Ordering::Relaxed)));
     let s = Store::connect(url, set, Default::default()).await.unwrap();
@@ -141,7 +158,13 @@ pub async fn run(url: &str, ops: Vec<Op>, ordered: bool) -> Result<(), TestCaseE
         ordered,
         max_in_flight: 2,
         max_attempts: 1000,
+        isolation,
         ..Default::default()
+    };
+    // each tenant's envelopes go to two endpoints under endpoint isolation
+    let endpoint = |seq: u64| match isolation {
+        Isolation::Tenant => None,
+        Isolation::Endpoint => Some(format!("p{}", seq % 2)),
     };
     s.configure_queue(Q, &policy).await.unwrap();
     s.configure_queue(LANE, &policy).await.unwrap();
@@ -175,6 +198,7 @@ pub async fn run(url: &str, ops: Vec<Op>, ordered: bool) -> Result<(), TestCaseE
         held: Vec::new(),
         acked: BTreeMap::new(),
         order: BTreeMap::new(),
+        isolation,
         paused: [false; TENANTS],
     };
     for op in ops {
@@ -187,7 +211,7 @@ pub async fn run(url: &str, ops: Vec<Op>, ordered: bool) -> Result<(), TestCaseE
                 let e = Envelope {
                     id: format!("e{seq}"),
                     tenant: tenant.clone(),
-                    endpoint: None,
+                    endpoint: endpoint(seq),
                     event_type: None,
                     payload: serde_json::json!({ "seq": seq, "tenant": tenant }),
                 };
@@ -208,7 +232,7 @@ pub async fn run(url: &str, ops: Vec<Op>, ordered: bool) -> Result<(), TestCaseE
                 let e = Envelope {
                     id: format!("e{seq}"),
                     tenant: tenant.clone(),
-                    endpoint: None,
+                    endpoint: endpoint(seq),
                     event_type: None,
                     payload: serde_json::json!({ "seq": seq, "tenant": tenant, "retry": true }),
                 };
