@@ -100,9 +100,14 @@ pub fn rate_for(
             used_slots: t.worker_seconds / secs,
         })
         .collect();
-    let cap = match set.spec.scheduler.ordering {
-        Ordering::PerTenant => 1.0,
-        Ordering::None => f64::from(
+    // strict order holds a tenant to one slot under tenant isolation; under
+    // endpoint isolation each endpoint has one, and the tenant keeps its cap
+    let strict = set.spec.scheduler.ordering == Ordering::PerTenant
+        && set.spec.isolation == crate::crd::Isolation::Tenant;
+    let cap = if strict {
+        1.0
+    } else {
+        f64::from(
             set.spec
                 .tenants
                 .iter()
@@ -110,7 +115,7 @@ pub fn rate_for(
                 .and_then(|o| o.max_in_flight)
                 .unwrap_or(set.spec.scheduler.max_in_flight_per_tenant)
                 .max(1),
-        ),
+        )
     };
     fair_rate(slots, &others, weight_of(set, tenant), cap, cost_s)
 }
@@ -252,6 +257,11 @@ mod tests {
         assert_eq!(rate_for(&weighted, &stats, "w", 4.0, ten, 0.1), 23.33);
         let ordered = set("  worker: {image: x}\n  scheduler: {ordering: PerTenant}\n");
         assert_eq!(rate_for(&ordered, &stats, "w", 16.0, ten, 0.1), 10.0);
+        // under endpoint isolation strict order is per endpoint: the tenant keeps its cap
+        let per_endpoint = set(
+            "  worker: {image: x, concurrency: 16}\n  isolation: Endpoint\n  scheduler: {ordering: PerTenant}\n",
+        );
+        assert_eq!(rate_for(&per_endpoint, &stats, "w", 16.0, ten, 0.1), 80.0);
         // spec.tenants overrides the weight and the cap, as the scripts do
         let overridden = set(
             "  worker: {image: x, concurrency: 16}\n  scheduler: {weights: [{tenant: w, weight: 1}]}\n  tenants: [{tenant: w, weight: 4, maxInFlight: 16}]\n",
