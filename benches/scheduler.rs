@@ -7,8 +7,13 @@
 //! limited per tenant and per endpoint (limits so high that none is ever
 //! throttled, so what is measured is the cost of checking), against the
 //! same tenants unlimited, interleaved.
+//! An endpoint-isolation case runs lease+ack with 1,000 active tenants
+//! under `isolation: Endpoint` (each tenant's envelopes in its endpoint's
+//! lane, the tenant's ready endpoints in a ZSET) against the same tenants
+//! under tenant isolation, interleaved.
 //! The last line is `RESULT fair_vs_raw=<x> flat_40k_vs_10=<y> enqueue_per_s=<z>
-//! rate_limited_vs_unlimited=<limited rate over unlimited rate>`.
+//! rate_limited_vs_unlimited=<limited rate over unlimited rate>
+//! endpoint_isolated_vs_tenant=<endpoint isolation's rate over tenant isolation's>`.
 
 mod common;
 #[path = "../tests/support/mod.rs"]
@@ -19,7 +24,7 @@ use std::sync::Arc;
 
 use common::{connect, enqueue_all, env, fair, fair_with, measure, Rate, CLIENTS, CYCLES};
 use lanekeeper::envelope::Envelope;
-use lanekeeper::policy::{QueuePolicy, RateLimit, RateLimits};
+use lanekeeper::policy::{Isolation, QueuePolicy, RateLimit, RateLimits};
 
 /// The floor: RPOP from one FIFO list, then HINCRBY, per message.
 async fn raw(url: &str) -> Rate {
@@ -160,6 +165,23 @@ fn main() {
             limited_runs.push(l);
         }
         let rate_limited_vs_unlimited = median(limited_runs).per_s / median(unlimited_runs).per_s;
+        // Endpoint isolation: 1,000 tenants, interleaved with tenant isolation.
+        let isolated = QueuePolicy {
+            isolation: Isolation::Endpoint,
+            ..QueuePolicy::default()
+        };
+        let (mut tenant_runs, mut endpoint_runs) = (Vec::new(), Vec::new());
+        for round in 1..=3 {
+            let t = fair(&url, 1_000).await;
+            let e = fair_with(&url, 1_000, &isolated).await;
+            println!(
+                "[{round}] fair lease+ack, 1000 active tenants: tenant isolation {:>9.0} cycles/s (Redis CPU {:.1} us/cycle), endpoint isolation {:>9.0} cycles/s (Redis CPU {:.1} us/cycle)",
+                t.per_s, t.redis_us, e.per_s, e.redis_us
+            );
+            tenant_runs.push(t);
+            endpoint_runs.push(e);
+        }
+        let endpoint_isolated_vs_tenant = median(endpoint_runs).per_s / median(tenant_runs).per_s;
         // Batch enqueue, three times, each into a set of its own that is
         // deleted afterwards, compared by the median.
         let mut enqueues = Vec::new();
@@ -185,7 +207,7 @@ fn main() {
         // Flatness: 40k-tenant throughput relative to 10 (1.0 = no slowdown).
         let flat = fair_rates[0].per_s / fair_rates[2].per_s;
         println!(
-            "RESULT fair_vs_raw={fair_vs_raw:.3} flat_40k_vs_10={flat:.3} enqueue_per_s={:.0} rate_limited_vs_unlimited={rate_limited_vs_unlimited:.3}",
+            "RESULT fair_vs_raw={fair_vs_raw:.3} flat_40k_vs_10={flat:.3} enqueue_per_s={:.0} rate_limited_vs_unlimited={rate_limited_vs_unlimited:.3} endpoint_isolated_vs_tenant={endpoint_isolated_vs_tenant:.3}",
             enqueue.per_s
         );
     });
