@@ -68,20 +68,9 @@ impl Endpoint {
             || event_type.is_some_and(|t| self.event_types.iter().any(|e| e == t))
     }
 }
-/// What is wrong with an endpoint's name, if anything: 1 to 64 letters,
-/// digits, `-`, `_` or `.` (the name is quoted, at most 80 characters of it).
+/// What is wrong with an endpoint's name, if anything: the envelope's rule
+/// ([`crate::envelope::check_endpoint_name`]), so a name the registry takes
+/// is one an envelope may carry.
 pub fn check_name(name: &str) -> Result<(), String> {
-    let ok = !name.is_empty()
-        && name.len() <= 64
-        && name
-            .chars()
-            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'));
-    if ok {
-        Ok(())
-    } else {
-        let quoted: String = name.chars().take(80).collect();
-        Err(format!(
-            "{quoted:?}: use 1 to 64 letters, digits, '-', '_' or '.'"
-        ))
-    }
+    crate::envelope::check_endpoint_name(name)
 }

@@ -71,10 +71,33 @@ pub fn validate_tenant(tenant: &str) -> Result<(), InvalidEnvelope> {
     Ok(())
 }
 
+/// What is wrong with an endpoint's name, if anything: 1 to 64 letters,
+/// digits, `-`, `_` or `.` (the name is quoted, at most 80 characters of
+/// it). A name is part of Redis keys (a breaker, a rate bucket, and under
+/// endpoint isolation a lane) and of the lease a worker holds.
+pub fn check_endpoint_name(name: &str) -> Result<(), String> {
+    let ok = !name.is_empty()
+        && name.len() <= 64
+        && name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'));
+    if ok {
+        Ok(())
+    } else {
+        let quoted: String = name.chars().take(80).collect();
+        Err(format!(
+            "{quoted:?}: use 1 to 64 letters, digits, '-', '_' or '.'"
+        ))
+    }
+}
+
 impl Envelope {
     /// Check the envelope before it is stored.
     pub fn validate(&self) -> Result<(), InvalidEnvelope> {
         validate_tenant(&self.tenant)?;
+        if let Some(ep) = &self.endpoint {
+            check_endpoint_name(ep).map_err(|reason| invalid("endpoint", reason))?;
+        }
         if self.id.is_empty() {
             return Err(invalid("id", "must not be empty"));
         }
@@ -122,6 +145,23 @@ mod tests {
             event_type: None,
             payload: serde_json::json!({}),
         }
+    }
+
+    #[test]
+    fn rejects_bad_endpoint_names_naming_the_field() {
+        let mut e = env("acme", "a");
+        for bad in ["", "a\nb", "a:b", "x y", &"e".repeat(65)] {
+            e.endpoint = Some(bad.to_string());
+            let err = e.validate().unwrap_err().to_string();
+            assert!(err.starts_with("endpoint: "), "{bad:?}: {err}");
+            assert!(err.contains("1 to 64 letters"), "{bad:?}: {err}");
+        }
+        for ok in ["main", "a.b-c_d", &"e".repeat(64)] {
+            e.endpoint = Some(ok.to_string());
+            assert!(e.validate().is_ok(), "{ok:?}");
+        }
+        e.endpoint = None;
+        assert!(e.validate().is_ok());
     }
 
     #[test]

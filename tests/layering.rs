@@ -19,7 +19,7 @@ fn allowed(module: &str) -> BTreeSet<&'static str> {
     let with_core = |extra: &[&'static str]| core.clone().chain(extra.iter().copied()).collect();
     match module {
         "envelope" | "signing" | "routing" => BTreeSet::new(),
-        "endpoint" => ["signing"].into(),
+        "endpoint" => ["signing", "envelope"].into(),
         "policy" => ["routing"].into(),
         "store" => with_core(&[]),
         "telemetry" => BTreeSet::new(),
