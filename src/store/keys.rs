@@ -146,6 +146,24 @@ pub fn lane(prefix: &str, tenant: &str) -> String {
     format!("{prefix}:q:{tenant}")
 }
 
+/// Under endpoint isolation, the lane of one of a tenant's endpoints
+/// (`P:qe:<len>:<tenant>:<endpoint>`, a list of envelope ids, head first).
+pub fn endpoint_lane(prefix: &str, tenant: &str, endpoint: &str) -> String {
+    format!("{prefix}:qe:{}:{tenant}:{endpoint}", tenant.len())
+}
+
+/// Under endpoint isolation, a tenant's ready endpoints (`P:ez:<tenant>`,
+/// a sorted set: endpoint -> virtual time in worker-microseconds).
+pub fn ready_endpoints(prefix: &str, tenant: &str) -> String {
+    format!("{prefix}:ez:{tenant}")
+}
+
+/// Under endpoint isolation, a tenant's endpoints whose lane holds work
+/// (`P:eps:<tenant>`, a set).
+pub fn queued_endpoints(prefix: &str, tenant: &str) -> String {
+    format!("{prefix}:eps:{tenant}")
+}
+
 /// One 10 s bucket of worker-microseconds by tenant (`P:wsu:<bucket>`, a hash).
 pub fn worker_seconds(prefix: &str, bucket: u64) -> String {
     format!("{prefix}:wsu:{bucket}")

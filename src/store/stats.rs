@@ -128,6 +128,10 @@ impl Store {
             .arg(keys::tenant(&p, tenant))
             .arg(&["ok", "ko", "e"]);
         pipe.cmd("LINDEX").arg(keys::lane(&p, tenant)).arg(0);
+        // under endpoint isolation its lanes are per endpoint (at most 100 looked at)
+        pipe.cmd("SRANDMEMBER")
+            .arg(keys::queued_endpoints(&p, tenant))
+            .arg(100);
         for b in 0..buckets {
             pipe.hgetall(keys::worker_seconds(&p, newest.saturating_sub(b)));
         }
@@ -156,20 +160,38 @@ impl Store {
             now_ms,
             window,
         };
-        for v in &replies[2..] {
+        for v in &replies[3..] {
             let map: BTreeMap<String, f64> =
                 redis::from_redis_value_ref(v).map_err(|e| bad(e.to_string()))?;
             activity.queue_worker_seconds += map.values().sum::<f64>() / 1e6;
             activity.worker_seconds += map.get(tenant).copied().unwrap_or(0.0) / 1e6;
         }
+        let mut heads: Vec<String> = Vec::new();
         if let Value::BulkString(id) = &replies[1] {
-            let id = String::from_utf8_lossy(id);
-            let n: Option<u64> = redis::cmd("HGET")
-                .arg(keys::envelope(&p, tenant, &id))
-                .arg("n")
-                .query_async(&mut conn)
-                .await?;
-            activity.oldest_enqueued_ms = n;
+            heads.push(String::from_utf8_lossy(id).into_owned());
+        } else {
+            let endpoints: Vec<String> =
+                redis::from_redis_value_ref(&replies[2]).map_err(|e| bad(e.to_string()))?;
+            if !endpoints.is_empty() {
+                let mut pipe = redis::pipe();
+                for ep in &endpoints {
+                    pipe.cmd("LINDEX")
+                        .arg(keys::endpoint_lane(&p, tenant, ep))
+                        .arg(0);
+                }
+                let ids: Vec<Option<String>> = pipe.query_async(&mut conn).await?;
+                heads.extend(ids.into_iter().flatten());
+            }
+        }
+        if !heads.is_empty() {
+            let mut pipe = redis::pipe();
+            for id in &heads {
+                pipe.cmd("HGET")
+                    .arg(keys::envelope(&p, tenant, id))
+                    .arg("n");
+            }
+            let enqueued: Vec<Option<u64>> = pipe.query_async(&mut conn).await?;
+            activity.oldest_enqueued_ms = enqueued.into_iter().flatten().min();
         }
         Ok(activity)
     }

@@ -126,6 +126,13 @@ pub async fn a_slow_endpoint_does_not_hold_back_its_tenants_fast_one(url: &str) 
     );
     let st = s.tenant_state(Q, "acme").await.unwrap();
     assert_eq!((st.in_flight, st.queued), (8, 96 + 2));
+    // the stats read the oldest queued envelope from the endpoints' lanes
+    let a = s
+        .tenant_activity(Q, "acme", Duration::from_secs(60))
+        .await
+        .unwrap();
+    let oldest = a.oldest_enqueued_ms.expect("the oldest queued envelope");
+    assert!(oldest <= a.now_ms && a.now_ms - oldest < 60_000, "{a:?}");
 }
 
 /// Worker-seconds, not deliveries, are what a tenant's endpoints share: one
