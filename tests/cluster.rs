@@ -626,4 +626,5 @@ async fn endpoint_isolation_across_slots() {
     support::isolation::a_broken_or_paced_endpoint_is_parked_alone(url).await;
     support::isolation::reaps_releases_and_lost_records_free_endpoint_slots(url).await;
     support::isolation::a_move_keeps_each_endpoints_order(url).await;
+    support::isolation::purge_replay_and_sweep_follow_the_endpoint_lanes(url).await;
 }

@@ -2343,3 +2343,11 @@ async fn reaps_releases_and_lost_records_free_endpoint_slots() {
 async fn a_move_keeps_each_endpoints_order_under_endpoint_isolation() {
     support::isolation::a_move_keeps_each_endpoints_order(&support::redis::shared().url).await;
 }
+
+#[tokio::test]
+async fn purge_replay_and_sweep_follow_the_endpoint_lanes() {
+    support::isolation::purge_replay_and_sweep_follow_the_endpoint_lanes(
+        &support::redis::shared().url,
+    )
+    .await;
+}

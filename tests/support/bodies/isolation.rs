@@ -495,3 +495,83 @@ pub async fn a_move_keeps_each_endpoints_order(url: &str) {
     let st = s.tenant_state(Q, "mover").await.unwrap();
     assert_eq!((st.queued, st.held, st.in_flight), (0, 0, 0));
 }
+
+/// A user's purge takes every endpoint's lane (to dead letters), a replay
+/// by endpoint brings that endpoint's letters back in order, and once the
+/// tenant is idle the sweep forgets it and leaves no endpoint key behind.
+pub async fn purge_replay_and_sweep_follow_the_endpoint_lanes(url: &str) {
+    use lanekeeper::store::{PurgeMode, ReplayFilter, ReplayPlan};
+    let policy = QueuePolicy {
+        sweep_idle_after: Some(Duration::from_secs(1)),
+        idempotency_window: Duration::from_secs(1),
+        ..isolated()
+    };
+    let s = store(url, policy).await;
+    s.set_shards(1).await.unwrap();
+    let envs: Vec<Envelope> = (0..40)
+        .map(|i| to("acme", ["a", "b", "c", "d"][i as usize % 4], i))
+        .collect();
+    send(&s, Q, &envs).await;
+    let held = lease_up_to(&s, 2).await;
+    let out = s.purge_tenant("acme", PurgeMode::DeadLetter).await.unwrap();
+    assert_eq!((out.purged, out.in_flight), (38, 2));
+    assert!(lease(&s, Q).await.is_none(), "a purged lane was leased");
+    for l in &held {
+        assert!(s.ack(l, Duration::from_millis(1)).await.unwrap());
+    }
+    let plan = ReplayPlan {
+        filter: ReplayFilter {
+            endpoint: Some("c".into()),
+            ..Default::default()
+        },
+        max_per_second: None,
+        budget: None,
+        after: None,
+    };
+    assert_eq!(s.replay_tenant("acme", &plan).await.unwrap().replayed, 10);
+    let mut got = Vec::new();
+    while let Some(l) = lease(&s, Q).await {
+        got.push(ep_seq(&l));
+        assert!(s.ack(&l, Duration::from_millis(1)).await.unwrap());
+    }
+    assert_eq!(
+        got,
+        (0..10)
+            .map(|k| ("c".to_string(), 4 * k + 2))
+            .collect::<Vec<_>>(),
+        "the replay of one endpoint, in order"
+    );
+    // Drop the other letters; then idle past the sweep time.
+    let prefix = s.queue_prefix(Q);
+    super::dataplane::raw(
+        url,
+        redis::cmd("DEL")
+            .arg(lanekeeper::store::keys::dead_letters(&prefix, "acme"))
+            .clone(),
+    )
+    .await;
+    tokio::time::sleep(Duration::from_millis(2200)).await;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let mut swept = 0;
+    loop {
+        let step = s.sweep(Q, 100).await.unwrap();
+        swept += step.swept;
+        if step.pass_ended {
+            break;
+        }
+        assert!(Instant::now() < deadline, "no pass ended");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(swept, 1, "the idle tenant was not swept");
+    let left = super::dataplane::raw(
+        url,
+        redis::cmd("EXISTS")
+            .arg(lanekeeper::store::keys::tenant(&prefix, "acme"))
+            .arg(lanekeeper::store::keys::ready_endpoints(&prefix, "acme"))
+            .arg(lanekeeper::store::keys::queued_endpoints(&prefix, "acme"))
+            .arg(lanekeeper::store::keys::endpoint_lane(&prefix, "acme", "c"))
+            .clone(),
+    )
+    .await;
+    assert_eq!(left, redis::Value::Int(0), "keys left behind");
+}
