@@ -905,3 +905,154 @@ async fn a_worker_sweeps_idle_tenants_and_counts_them() {
     assert!(!metrics.contains("tenants_swept_total{queue=\"shard-00\"} 4"));
     stop(pid);
 }
+
+// ---- endpoint isolation, issue 21 item 3 ---------------------------------
+
+/// Fast envelopes tenant `a` streams in one phase of the test below: 40 a
+/// second for 4 s.
+const FAST_STREAM: u64 = 160;
+const FAST_EVERY: Duration = Duration::from_millis(25);
+
+/// What one phase measured: the fast endpoint's waits (enqueue to arrival
+/// at the receiver), in ms, and how much of tenant `a`'s work was still
+/// queued when the last fast envelope had been sent.
+struct FastPhase {
+    p50: u64,
+    p99: u64,
+    /// The five longest waits, longest first.
+    worst: Vec<u64>,
+    queued_after: u64,
+}
+
+/// One phase on a set of its own: tenant `a` has `fast` (answers at once)
+/// and `slow` (answers after 300 ms); one worker with 16 slots, so `a`'s cap
+/// of 8, not the worker, is what binds. `slow_backlog` envelopes to `slow`
+/// are queued and in flight before `a` streams [`FAST_STREAM`] envelopes to
+/// `fast` at a steady rate, each stamped with its send time.
+async fn fast_endpoint_phase(policy: QueuePolicy, slow_backlog: u64) -> FastPhase {
+    let s = setup(policy).await;
+    pace_endpoint(&s, "a", "fast", "ok").await;
+    pace_endpoint(&s, "a", "slow", "delay-300").await;
+    let to = |ep: &str, i: u64| lanekeeper::envelope::Envelope {
+        id: format!("a-{ep}-{i}"),
+        endpoint: Some(ep.to_string()),
+        ..envelope("a", i)
+    };
+    let pid = s.worker(&["--concurrency", "16", "--grace-period", "2s"]);
+    // Warm-up, alike in every phase: the worker is up and its connection to
+    // the receiver open before anything is measured.
+    let warm = lanekeeper::envelope::Envelope {
+        id: "a-warm-up".into(),
+        ..to("fast", 0)
+    };
+    s.store.enqueue(Q, &warm).await.unwrap();
+    s.wait_for_accepted(1, Duration::from_secs(30)).await;
+    if slow_backlog > 0 {
+        pace_send(&s, "a", "slow", slow_backlog).await;
+        // The backlog holds its slots before the fast stream starts: the
+        // endpoint's cap (4) under endpoint isolation, the tenant's (8)
+        // under tenant isolation.
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let st = s.store.tenant_state(Q, "a").await.unwrap();
+            if st.in_flight >= 4 {
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the slow backlog was not leased: {st:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+    let mut tick = tokio::time::interval(FAST_EVERY);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    for i in 0..FAST_STREAM {
+        tick.tick().await;
+        s.store.enqueue(Q, &to("fast", i)).await.unwrap();
+    }
+    let queued_after = s.store.tenant_state(Q, "a").await.unwrap().queued;
+    // Under tenant isolation the fast envelopes wait behind the whole slow
+    // backlog (300 x 300 ms over 8 slots: about 11 s), hence the bound.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let mut waits = loop {
+        let waits: Vec<u64> = s
+            .receiver
+            .arrivals()
+            .into_iter()
+            .filter(|a| a.accepted && a.id.starts_with("a-fast-"))
+            .map(|a| a.at_ms.saturating_sub(a.sent_ms))
+            .collect();
+        if waits.len() as u64 >= FAST_STREAM {
+            break waits;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "only {} of {FAST_STREAM} fast envelopes arrived in 30 s",
+            waits.len()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    stop(pid);
+    waits.sort();
+    let pct = |p: f64| waits[((waits.len() as f64 * p).ceil() as usize).clamp(1, waits.len()) - 1];
+    FastPhase {
+        p50: pct(0.50),
+        p99: pct(0.99),
+        worst: waits.iter().rev().take(5).copied().collect(),
+        queued_after,
+    }
+}
+
+/// Issue 21, item 3: "a slow endpoint of tenant A does not raise the p99 of
+/// A's fast endpoint by more than 2x". Real worker, real receiver; three
+/// phases, each on a set of its own: the fast stream alone (baseline), the
+/// same stream behind a 300-envelope backlog to a 300 ms endpoint of the
+/// same tenant under endpoint isolation, and the same again under tenant
+/// isolation, the contrast that shows the test can fail.
+///
+/// Ignored: it fails (p99 about 260 ms under endpoint isolation against
+/// under 10 ms alone). The store serves the fast endpoint, but the worker
+/// does not lease it: a queue's wake-up is published once, when a tenant
+/// joins the ring (not at later enqueues), and the worker hands it to the
+/// oldest waiter of its `Notify`, which may be a task delivering to the slow
+/// endpoint (its `notified()`, armed before leasing, stays armed through the
+/// delivery); the wake-up then waits for that delivery to end.
+#[tokio::test]
+#[ignore = "fails until a worker wake-up reaches an idle delivery task (src/worker/mod.rs)"]
+async fn a_slow_endpoint_does_not_raise_the_fast_endpoints_p99_under_endpoint_isolation() {
+    use lanekeeper::policy::Isolation;
+    let by_endpoint = QueuePolicy {
+        isolation: Isolation::Endpoint,
+        ..Default::default()
+    };
+    let alone = fast_endpoint_phase(by_endpoint.clone(), 0).await;
+    let isolated = fast_endpoint_phase(by_endpoint, 300).await;
+    let shared = fast_endpoint_phase(QueuePolicy::default(), 300).await;
+    eprintln!(
+        "fast endpoint wait, ms (p50 / p99; five longest), 160 envelopes at 40/s: alone {} / {} ({:?}); behind 300 envelopes to a 300 ms endpoint of the same tenant: endpoint isolation {} / {} ({:?}), tenant isolation {} / {} ({:?})",
+        alone.p50, alone.p99, alone.worst, isolated.p50, isolated.p99, isolated.worst, shared.p50, shared.p99, shared.worst
+    );
+    // The slow backlog was still queued when the stream ended, so the fast
+    // stream met it throughout.
+    assert!(
+        isolated.queued_after > 0 && shared.queued_after > 0,
+        "the slow backlog ran out before the fast stream ended"
+    );
+    // A 20 ms floor absorbs a loaded 2-core machine's noise on a baseline of
+    // a few ms.
+    let floor = alone.p99.max(20);
+    assert!(
+        isolated.p99 <= 2 * floor,
+        "under endpoint isolation the slow endpoint moved the fast one's p99 from {} to {} ms (five longest: {:?})",
+        alone.p99,
+        isolated.p99,
+        isolated.worst
+    );
+    assert!(
+        shared.p99 > (5 * floor).max(1000),
+        "under tenant isolation the slow backlog should hold the fast endpoint back: p99 {} ms (alone {} ms)",
+        shared.p99,
+        alone.p99
+    );
+}
