@@ -50,6 +50,8 @@
 --   P:ez:<tenant>     ZSET  under endpoint isolation, the tenant's ready endpoints -> virtual time
 --                           (worker-us charged); the least is served next
 --   P:eps:<tenant>    SET   under endpoint isolation, the tenant's endpoints whose lane holds work
+--   P:isq:<tenant>    HASH  under endpoint isolation, a move's import marks: s the source queue,
+--                           e:<endpoint> the last source seq imported to it (see import.lua)
 --   P:h:<tenant>      LIST  hold buffer while paused
 --   P:e:<ref>         HASH  t tenant, s seq, a attempts (absent: 0), p payload, n enqueued ms,
 --                           ep endpoint, x holds slot. <ref> is "<#tenant>:<tenant>:<id>": an
@@ -159,12 +161,16 @@ local function istr(n)
   return s
 end
 
--- A stored number, or `default` when absent. Absent and '0' (most counters
--- and flags) skip `tonumber`, which runs strtod twice.
+-- A stored number, or `default` when absent or not a finite number (nan
+-- or inf written behind the scripts' back must neither fail a later
+-- command nor wedge a comparison). Absent and '0' (most counters and
+-- flags) skip `tonumber`, which runs strtod twice.
 local function num(s, default)
   if s == nil or s == false then return default end
   if s == '0' then return 0 end
-  return tonumber(s) or default
+  local x = tonumber(s)
+  if x == nil or x ~= x or x == math.huge or x == -math.huge then return default end
+  return x
 end
 
 -- The names of each queue's fixed keys, made once per queue (a few
@@ -305,6 +311,8 @@ local function dlkey(t) return P .. ':dl:' .. t end
 local function eplane(t, ep) return P .. ':qe:' .. istr(#t) .. ':' .. t .. ':' .. ep end
 local function ezkey(t) return P .. ':ez:' .. t end
 local function epskey(t) return P .. ':eps:' .. t end
+-- Under endpoint isolation, what a move imported per endpoint (import.lua).
+local function importkey(t) return P .. ':isq:' .. t end
 
 -- Whether tenant `t` has work it may lease (what keeps it on the ring):
 -- a queued envelope, or under endpoint isolation a ready endpoint.
@@ -314,15 +322,16 @@ local function has_ready(t)
 end
 
 -- How many envelopes tenant `t` has queued (not held, delayed or in
--- flight). Under endpoint isolation, over at most 1000 of its endpoints:
--- past that a lower bound, but never 0 while one has work.
+-- flight). Under endpoint isolation, the lanes of at most 1000 of its
+-- endpoints are counted, and each one past those as one envelope.
 local function queued_of(t)
   if not ISO_EP then return redis.call('LLEN', lane(t)) end
   local n = 0
-  for _, ep in ipairs(redis.call('SRANDMEMBER', epskey(t), 1000)) do
+  local eps = redis.call('SRANDMEMBER', epskey(t), 1000)
+  for _, ep in ipairs(eps) do
     n = n + redis.call('LLEN', eplane(t, ep))
   end
-  if n == 0 and redis.call('EXISTS', epskey(t)) == 1 then n = 1 end
+  if #eps == 1000 then n = n + redis.call('SCARD', epskey(t)) - 1000 end
   return n
 end
 -- An envelope is named by its tenant and its id together (see P:e:<ref>).
@@ -462,9 +471,17 @@ end
 -- ready (its tenant may then need to join the ring: activate).
 local function ep_ready(t, ep)
   local tk = tkey(t)
-  local s = redis.call('HMGET', tk, 'es:' .. ep, 'ev:' .. ep, 'evc')
-  if s[1] == 'r' or s[1] == 'k' or s[1] == 'b' then return false end
-  if redis.call('LLEN', eplane(t, ep)) == 0 then return false end
+  local s = redis.call('HMGET', tk, 'es:' .. ep, 'ev:' .. ep, 'evc', 'ef:' .. ep)
+  -- its state holds only while the keys agree (a ready set, a block or a
+  -- lane lost behind the scripts' back must not strand the endpoint)
+  if s[1] == 'r' and redis.call('ZSCORE', ezkey(t), ep) then return false end
+  if s[1] == 'b' and redis.call('ZSCORE', BLOCKED, t .. '\n' .. ep) then return false end
+  if s[1] == 'k' and num(s[4], 0) >= ep_cap(cap_of(t)) then return false end
+  if redis.call('LLEN', eplane(t, ep)) == 0 then
+    redis.call('SREM', epskey(t), ep)
+    if s[1] then redis.call('HDEL', tk, 'es:' .. ep) end
+    return false
+  end
   redis.call('ZADD', ezkey(t), math.max(num(s[2], 0), num(s[3], 0)), ep)
   redis.call('HSET', tk, 'es:' .. ep, 'r')
   if s[2] then redis.call('HDEL', tk, 'ev:' .. ep) end
@@ -505,8 +522,14 @@ local function ep_after(t, ep, v, f, tcap)
   if redis.call('LLEN', eplane(t, ep)) == 0 then
     redis.call('ZREM', ezkey(t), ep)
     redis.call('SREM', epskey(t), ep)
-    redis.call('HSET', tk, 'ev:' .. ep, v)
-    redis.call('HDEL', tk, 'es:' .. ep)
+    -- idle: it keeps its virtual time only while a delivery may still
+    -- settle against it, so a one-off endpoint leaves nothing behind
+    if f > 0 then
+      redis.call('HSET', tk, 'ev:' .. ep, v)
+      redis.call('HDEL', tk, 'es:' .. ep)
+    else
+      redis.call('HDEL', tk, 'es:' .. ep, 'ev:' .. ep)
+    end
   elseif f >= ep_cap(tcap) then
     redis.call('ZREM', ezkey(t), ep)
     redis.call('HSET', tk, 'es:' .. ep, 'k', 'ev:' .. ep, v)
@@ -531,7 +554,13 @@ local function ep_settle(t, ep, delta, free_slot)
   end
   if not free_slot then return false end
   local f = num(s[3], 1) - 1
-  if f > 0 then redis.call('HSET', tk, 'ef:' .. ep, f) else redis.call('HDEL', tk, 'ef:' .. ep) end
+  if f > 0 then
+    redis.call('HSET', tk, 'ef:' .. ep, f)
+  else
+    redis.call('HDEL', tk, 'ef:' .. ep)
+    -- an idle endpoint's last delivery settled: its virtual time goes too
+    if not s[1] and s[2] then redis.call('HDEL', tk, 'ev:' .. ep) end
+  end
   if s[1] == 'k' and f < ep_cap(cap_of(t)) then
     redis.call('HDEL', tk, 'es:' .. ep)
     return ep_ready(t, ep)
@@ -796,8 +825,9 @@ local OUTCOME_COUNTER = { delivered = 'ok', dead = 'ko', retry = 'w' }
 -- the ring if it has work). `outcome` counts the envelope: 'delivered',
 -- 'dead' (both leave the depth), 'retry' (waits in the delayed set) or nil.
 -- `ep` is the endpoint it was leased from under endpoint isolation (nil
--- otherwise), whose virtual time and slot are settled too.
-local function settle(t, charged, actual, now, free_slot, outcome, ep)
+-- otherwise), whose virtual time and slot are settled too; with `keep_ep`
+-- the endpoint keeps its slot (a strict-order retry) while the tenant's is freed.
+local function settle(t, charged, actual, now, free_slot, outcome, ep, keep_ep)
   local tk = tkey(t)
   local counter = OUTCOME_COUNTER[outcome]
   local st = redis.call('HMGET', tk, 'e', 'f', 'k', 'd', 'n', 'bw', 'bl', counter or 'e', 'up')
@@ -827,7 +857,9 @@ local function settle(t, charged, actual, now, free_slot, outcome, ep)
   end
   redis.call('HSET', tk, unpack(set))
   if rejoin then push_active(t, false) end
-  if ISO_EP and ep and ep_settle(t, ep, actual - charged, free_slot) and not rejoin then activate(t) end
+  if ISO_EP and ep and ep_settle(t, ep, actual - charged, free_slot and not keep_ep) and not rejoin then
+    activate(t)
+  end
   local us = math.floor(actual + 0.5)
   if us > 0 then
     local bucket = P .. ':wsu:' .. math.floor(now / BUCKET_MS)
@@ -984,7 +1016,12 @@ local function promote_due(now, limit)
       redis.call('HINCRBY', tk, 'w', -1)
       if slot then
         redis.call('HDEL', ek, 'x')
-        release(t, ep)
+        -- under endpoint isolation the retry kept only its endpoint's slot
+        if ISO_EP and ep then
+          if ep_settle(t, ep, 0, true) then activate(t) end
+        else
+          release(t, ep)
+        end
       end
       if present then
         local m = redis.call('HMGET', ek, 's', 'ep')

@@ -9,8 +9,9 @@
 -- receiver that paces forever), and the breaker is not touched.
 -- Returns {'RETRY', attempts, due_ms, breaker change} | {'DEAD', attempts, 0, breaker change} | {'STALE'}.
 -- A retry waits in the delayed set; in PerTenant ordering it keeps the
--- tenant's only slot (under endpoint isolation, its endpoint's only slot),
--- so later envelopes of that tenant (endpoint) wait behind it.
+-- tenant's only slot (under endpoint isolation, its endpoint's only slot,
+-- the tenant's being freed), so later envelopes of that tenant (endpoint)
+-- wait behind it.
 -- An envelope whose record is gone is dead-lettered with that cause, its
 -- tenant settled: nothing half-done is left behind.
 local id, token, elapsed = ARGV[1], ARGV[2], tonumber(ARGV[3])
@@ -27,8 +28,10 @@ end
 local m = redis.call('HMGET', ek, 'p', 'ep')
 local a = redis.call('HINCRBY', ek, 'a', 1)
 dead = dead or a >= MAX_ATTEMPTS
--- a retry under PerTenant ordering keeps the tenant's only slot
-local bw = settle(t, charged, elapsed, now, dead or not ORDERED, dead and 'dead' or 'retry', ep)
+-- a retry under PerTenant ordering keeps the tenant's only slot; under
+-- endpoint isolation its endpoint's only slot, and the tenant's is freed
+local keep = ORDERED and not dead
+local bw = settle(t, charged, elapsed, now, not keep or (ISO_EP and ep ~= nil), dead and 'dead' or 'retry', ep, keep)
 local change, paced = '', nil
 if pace > 0 and m[2] and m[2] ~= '' then
   paced = pace_endpoint(t, m[2], pace, now)

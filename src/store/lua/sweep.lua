@@ -1,4 +1,5 @@
--- Helpers (common.lua): num, now_ms, tkey, lane, hold, dlkey, ezkey, epskey, limit_of, bucket_level
+-- Helpers (common.lua): num, now_ms, tkey, lane, hold, dlkey, ezkey, epskey, importkey, limit_of,
+--   bucket_level
 -- ARGV: count (SSCAN COUNT hint, 1 to 500). One bounded step of the sweep
 -- of idle tenants (policy `sweep`, seconds; 0: never): scans the next part
 -- of P:tenants from the cursor kept in P:conf (swc) and deletes the
@@ -103,9 +104,9 @@ local base = P .. ':ids:'
 local names = {}
 for i, g in ipairs(gone) do
   local t = g[1]
-  -- the state, the pace hash (expired), the empty dead-letter stream and
-  -- the stale claims, in one call
-  local keys = { tkey(t), P .. ':pace:' .. t, dlkey(t) }
+  -- the state, the pace hash (expired), the empty dead-letter stream, the
+  -- import marks and the stale claims, in one call
+  local keys = { tkey(t), P .. ':pace:' .. t, dlkey(t), importkey(t) }
   if g[2] then keys[#keys + 1] = base .. g[2] .. ':' .. t end
   if g[3] then keys[#keys + 1] = base .. g[3] .. ':' .. t end
   redis.call('DEL', unpack(keys))
