@@ -270,8 +270,7 @@ async fn delivery_loop(
     let mut again = 0u32;
     loop {
         // Armed before leasing, so a wake-up between an empty answer and the wait is not lost.
-        let woken = shared.wake.notified();
-        let mut woken = std::pin::pin!(woken);
+        let mut woken = Box::pin(shared.wake.notified());
         woken.as_mut().enable();
         let outcome = match next.take() {
             Some(o) => o,
@@ -302,6 +301,10 @@ async fn delivery_loop(
         backoff = Duration::from_millis(50);
         match outcome {
             LeaseOutcome::Leased(lease) => {
+                // Not waiting any more: a wake-up handed to this listener
+                // passes to an idle task now, instead of waiting out this
+                // delivery (a slow endpoint's 30 s).
+                drop(woken);
                 let stopping = stopping();
                 next = handle(&shared, &worker, lease, stopping, abandon.clone()).await;
             }
