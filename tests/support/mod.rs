@@ -8,7 +8,7 @@
 //! - `env/`: whole environments built from them (`scenario`, `lanes`,
 //!   `reshard`);
 //! - `bodies/`: test bodies shared by the single-server and the Redis
-//!   Cluster binaries (`dataplane`, `integrity`, `model`).
+//!   Cluster binaries (`dataplane`, `integrity`, `isolation`, `model`).
 //!
 //! The demo's scenario is the example's own (`examples/demo/scenario.rs`),
 //! which `tests/demo.rs` includes.
@@ -38,6 +38,7 @@
 //! | hostile | redis (and a locked-down one); lanekeeper worker, ingest, route, top, simulate; receiver; python3 with schemathesis |
 //! | ingest | redis (shared, dedicated, restarted); lanekeeper ingest |
 //! | integrity | redis |
+//! | isolation_attacks | redis |
 //! | model | redis |
 //! | packaging | full, redis; helm (`tests/helm/install.sh`), kubectl; lanekeeper controller (as the chart's ServiceAccount), worker; receiver |
 //! | redis_cluster_prod | cluster (TLS, from `redis-server`/`redis-cli` on PATH) |
