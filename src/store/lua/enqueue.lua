@@ -134,7 +134,7 @@ for k = 1, n do
       out[#out + 1] = 'HELD'
     else
       ts.lane[#ts.lane + 1] = id
-      ts.lane_eps[#ts.lane] = ep
+      if ISO_EP then ts.lane_eps[#ts.lane] = ep end
       out[#out + 1] = 'OK'
     end
     out[#out + 1] = seq
