@@ -9,7 +9,11 @@
 //!
 //! The server is the real `lanekeeper ingest` binary; the load generators
 //! (this process for batches, wrk for single events) share its two cores.
-//! The last line is `RESULT batch_vs_raw=<x> single_per_s=<y> single_p99_ms=<z>`.
+//! The same wrk load also goes to an HTTP floor measured in the same run: a
+//! minimal axum handler that reads the body and answers 202, with no auth,
+//! parsing or Redis, on a thread of its own.
+//! The last line is `RESULT batch_vs_raw=<x> single_per_s=<y> single_p99_ms=<z>
+//! single_vs_http_floor=<single events/s over the floor's requests/s>`.
 
 mod common;
 #[path = "../tests/support/mod.rs"]
@@ -28,6 +32,32 @@ const BATCH_EVENTS: usize = 200_000;
 const SINGLE_SECONDS: u64 = 15;
 const CONNECTIONS: usize = 64;
 const IMPORT: usize = 2_000_000;
+
+/// The HTTP floor: POST /v1/events read whole and answered 202, nothing
+/// else, served on a current-thread runtime of its own. Returns its base URL.
+fn http_floor() -> String {
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(async move {
+            let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+            tx.send(format!("http://{}", listener.local_addr().unwrap()))
+                .unwrap();
+            let app = axum::Router::new().route(
+                "/v1/events",
+                axum::routing::post(|body: axum::body::Bytes| async move {
+                    std::hint::black_box(body.len());
+                    axum::http::StatusCode::ACCEPTED
+                }),
+            );
+            axum::serve(listener, app).await.unwrap();
+        });
+    });
+    rx.recv().unwrap()
+}
 
 fn event(tenant: &str, i: usize) -> serde_json::Value {
     serde_json::json!({"tenant": tenant, "id": format!("{tenant}-{i}"), "payload": {"n": i, "body": "x".repeat(200)}})
@@ -226,6 +256,14 @@ fn main() {
             SINGLE_SECONDS
         );
 
+        // The same wrk load against the floor, right after.
+        let (floor, _, floor_p99) = wrk_single_events(&http_floor(), &key, &dir);
+        println!(
+            "HTTP floor (wrk, {CONNECTIONS} connections, {}s, 202 with no work): {floor:.0} requests/s, p99 {floor_p99:.2} ms; single events {:.3}x the floor",
+            SINGLE_SECONDS,
+            single / floor
+        );
+
         let started = Instant::now();
         post_batches(&http, &base, &key, 4, IMPORT, false, |_| "importer".to_string()).await;
         let took = started.elapsed().as_secs_f64();
@@ -239,8 +277,9 @@ fn main() {
         support::process::signal(pid, libc::SIGTERM);
         let _ = support::process::wait_exit(pid, Duration::from_secs(10));
         println!(
-            "RESULT batch_vs_raw={:.3} single_per_s={single:.0} single_p99_ms={p99:.2}",
-            batch / raw
+            "RESULT batch_vs_raw={:.3} single_per_s={single:.0} single_p99_ms={p99:.2} single_vs_http_floor={:.3}",
+            batch / raw,
+            single / floor
         );
     });
     support::process::stop_all();

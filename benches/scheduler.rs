@@ -11,7 +11,12 @@
 //! under `isolation: Endpoint` (each tenant's envelopes in its endpoint's
 //! lane, the tenant's ready endpoints in a ZSET) against the same tenants
 //! under tenant isolation, interleaved.
+//! Batch enqueue runs against its own raw floor, interleaved: the same
+//! envelopes, 1,000 per pipeline from 4 producers, as `LPUSH` of the id on
+//! one list and `HSET` of the record per envelope (no routing, no
+//! idempotency, no fairness), compared by medians.
 //! The last line is `RESULT fair_vs_raw=<x> flat_40k_vs_10=<y> enqueue_per_s=<z>
+//! enqueue_vs_raw=<batch enqueue rate over the raw LPUSH+HSET rate>
 //! rate_limited_vs_unlimited=<limited rate over unlimited rate>
 //! endpoint_isolated_vs_tenant=<endpoint isolation's rate over tenant isolation's>`.
 
@@ -83,6 +88,69 @@ async fn raw(url: &str) -> Rate {
         }
     };
     measure(url, CYCLES, phase).await
+}
+
+/// The enqueue floor: each envelope as `LPUSH` of its id and `HSET` of its
+/// record (the fields `enqueue.lua` stores), 1,000 per pipeline from 4
+/// producers, in keys of their own that are deleted afterwards.
+async fn raw_enqueue(url: &str, envs: &[Envelope]) -> Rate {
+    let client = redis::Client::open(url).unwrap();
+    let records: Vec<(String, String, String)> = envs
+        .iter()
+        .map(|e| {
+            (
+                e.id.clone(),
+                format!("bench:raw:e:{}:{}", e.tenant, e.id),
+                serde_json::to_string(e).unwrap(),
+            )
+        })
+        .collect();
+    let mut keys: Vec<String> = records.iter().map(|r| r.1.clone()).collect();
+    keys.push("bench:raw:lane".to_string());
+    let chunks: Vec<Vec<(String, String, String)>> =
+        records.chunks(1000).map(|c| c.to_vec()).collect();
+    let chunks = Arc::new(std::sync::Mutex::new(chunks));
+    let mut conns = Vec::new();
+    for _ in 0..4 {
+        conns.push(client.get_multiplexed_async_connection().await.unwrap());
+    }
+    let n = envs.len() as u64;
+    let phase = async move {
+        let mut tasks = Vec::new();
+        for mut conn in conns {
+            let chunks = chunks.clone();
+            tasks.push(tokio::spawn(async move {
+                loop {
+                    let next = chunks.lock().unwrap().pop();
+                    let Some(chunk) = next else { break };
+                    let mut pipe = redis::pipe();
+                    for (id, key, payload) in &chunk {
+                        pipe.lpush("bench:raw:lane", id).ignore();
+                        pipe.hset_multiple(
+                            key,
+                            &[("p", payload.as_str()), ("n", "0"), ("ep", "main")],
+                        )
+                        .ignore();
+                    }
+                    pipe.query_async::<()>(&mut conn).await.unwrap();
+                }
+            }));
+        }
+        for t in tasks {
+            t.await.unwrap();
+        }
+    };
+    let rate = measure(url, n, phase).await;
+    // what the floor wrote would only grow the keyspace later rounds work in
+    let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+    for chunk in keys.chunks(1000) {
+        let _: () = redis::cmd("UNLINK")
+            .arg(chunk)
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+    }
+    rate
 }
 
 /// Rounds of the baseline and of the 10-tenant case.
@@ -183,13 +251,21 @@ fn main() {
         }
         let endpoint_isolated_vs_tenant = median(endpoint_runs).per_s / median(tenant_runs).per_s;
         // Batch enqueue, three times, each into a set of its own that is
-        // deleted afterwards, compared by the median.
+        // deleted afterwards, interleaved with its raw floor, compared by
+        // the medians.
         let mut enqueues = Vec::new();
+        let mut raw_enqueues = Vec::new();
         for round in 1..=3u64 {
             let store = connect(&url, &format!("enqueue{round}")).await;
             let envs: Vec<Envelope> = (0..200_000u64)
                 .map(|i| env(&format!("imp{}", i % 100), i))
                 .collect();
+            let r = raw_enqueue(&url, &envs).await;
+            println!(
+                "[{round}] raw enqueue (LPUSH + HSET, pipelined, 1000 per batch, 4 producers): {:.0} envelopes/s  (Redis CPU {:.1} us/envelope)",
+                r.per_s, r.redis_us
+            );
+            raw_enqueues.push(r);
             let n = envs.len() as u64;
             let r = measure(&url, n, async {
                 enqueue_all(&store, envs).await;
@@ -203,11 +279,12 @@ fn main() {
             store.purge_set().await.unwrap();
         }
         let enqueue = median(enqueues);
+        let enqueue_vs_raw = enqueue.per_s / median(raw_enqueues).per_s;
         let fair_vs_raw = fair_rates[0].per_s / raw.per_s;
         // Flatness: 40k-tenant throughput relative to 10 (1.0 = no slowdown).
         let flat = fair_rates[0].per_s / fair_rates[2].per_s;
         println!(
-            "RESULT fair_vs_raw={fair_vs_raw:.3} flat_40k_vs_10={flat:.3} enqueue_per_s={:.0} rate_limited_vs_unlimited={rate_limited_vs_unlimited:.3} endpoint_isolated_vs_tenant={endpoint_isolated_vs_tenant:.3}",
+            "RESULT fair_vs_raw={fair_vs_raw:.3} flat_40k_vs_10={flat:.3} enqueue_per_s={:.0} enqueue_vs_raw={enqueue_vs_raw:.3} rate_limited_vs_unlimited={rate_limited_vs_unlimited:.3} endpoint_isolated_vs_tenant={endpoint_isolated_vs_tenant:.3}",
             enqueue.per_s
         );
     });

@@ -14,9 +14,13 @@
 //! `SIM_BENCH_2M=0` skips the 2,000,000-envelope run (it takes minutes).
 //! The simulator runs on a current-thread runtime (`SIM_BENCH_RUNTIME=multi`:
 //! multi-threaded, as in the `lanekeeper simulate` binary).
-//! The last line is `RESULT sim_200k_s=<x> envelopes_per_s=<y>`, where
-//! `envelopes_per_s` is the scenario's envelopes over its wall time (each
-//! one simulated four times, once per strategy).
+//! The last line is `RESULT sim_200k_s=<x> envelopes_per_s=<y>
+//! sim_vs_raw=<z>`, where `envelopes_per_s` is the scenario's envelopes
+//! over its wall time (each one simulated four times, once per strategy)
+//! and `sim_vs_raw` that rate over the raw Redis round-trip rate measured in
+//! the same run (one connection, one `PING` after another, on the same
+//! runtime as the simulator): a ratio that the machine's speed moves much
+//! less than the absolute rate.
 
 mod common;
 #[path = "../tests/support/mod.rs"]
@@ -87,6 +91,22 @@ async fn run(url: &str, label: &str, scale: u32) -> (usize, f64) {
     (n, wall)
 }
 
+/// The raw round-trip rate: one connection, one `PING` after another, for
+/// about two seconds, as the simulator's calls go (each waits for its answer).
+async fn round_trips_per_s(url: &str) -> f64 {
+    let client = redis::Client::open(url).unwrap();
+    let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+    let started = Instant::now();
+    let mut n = 0u64;
+    while started.elapsed() < Duration::from_secs(2) {
+        for _ in 0..1000 {
+            let _: String = redis::cmd("PING").query_async(&mut conn).await.unwrap();
+        }
+        n += 1000;
+    }
+    n as f64 / started.elapsed().as_secs_f64()
+}
+
 fn main() {
     // One thread for the simulator, the other core for Redis: on this
     // two-core machine a current-thread runtime measured about 15% faster
@@ -119,7 +139,13 @@ fn main() {
             "current-thread"
         }
     );
+    let raw_before = rt.block_on(round_trips_per_s(&url));
     let (n, wall) = rt.block_on(run(&url, "200k", 1));
+    let raw_after = rt.block_on(round_trips_per_s(&url));
+    // the round-trip rate on either side of the run, so a drift in the
+    // machine's speed during it shows
+    let raw = (raw_before + raw_after) / 2.0;
+    println!("raw round trips: {raw_before:.0}/s before the 200k run, {raw_after:.0}/s after");
     if std::env::var("SIM_BENCH_2M").as_deref() != Ok("0") {
         let (n2, wall2) = rt.block_on(run(&url, "2M", 10));
         println!(
@@ -131,7 +157,8 @@ fn main() {
     }
     support::process::stop_all();
     println!(
-        "RESULT sim_200k_s={wall:.1} envelopes_per_s={:.0}",
-        n as f64 / wall
+        "RESULT sim_200k_s={wall:.1} envelopes_per_s={:.0} sim_vs_raw={:.4}",
+        n as f64 / wall,
+        n as f64 / wall / raw
     );
 }
