@@ -466,6 +466,13 @@ local function ep_cap(tcap)
   return math.max(math.floor((tcap + 1) / 2), 1)
 end
 
+-- What a block of tenant `t`'s endpoint `ep` is called in P:blocked: the
+-- endpoint under endpoint isolation, else the tenant.
+local function block_of(t, ep)
+  if ISO_EP then return t .. '\n' .. ep end
+  return t
+end
+
 -- Make endpoint `ep` of tenant `t` ready, if its lane holds work and it is
 -- neither ready, parked at its cap nor blocked. Returns true when it became
 -- ready (its tenant may then need to join the ring: activate).
@@ -475,7 +482,7 @@ local function ep_ready(t, ep)
   -- its state holds only while the keys agree (a ready set, a block or a
   -- lane lost behind the scripts' back must not strand the endpoint)
   if s[1] == 'r' and redis.call('ZSCORE', ezkey(t), ep) then return false end
-  if s[1] == 'b' and redis.call('ZSCORE', BLOCKED, t .. '\n' .. ep) then return false end
+  if s[1] == 'b' and redis.call('ZSCORE', BLOCKED, block_of(t, ep)) then return false end
   if s[1] == 'k' and num(s[4], 0) >= ep_cap(cap_of(t)) then return false end
   if redis.call('LLEN', eplane(t, ep)) == 0 then
     redis.call('SREM', epskey(t), ep)
@@ -701,13 +708,6 @@ local function unblock(member)
   end
   redis.call('HSET', tkey(member), 'bl', 0)
   activate(member)
-end
-
--- What a block of tenant `t`'s endpoint `ep` is called in P:blocked: the
--- endpoint under endpoint isolation, else the tenant.
-local function block_of(t, ep)
-  if ISO_EP then return t .. '\n' .. ep end
-  return t
 end
 
 -- May a request to `ep` go out now? Returns true, or the time until which

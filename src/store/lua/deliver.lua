@@ -1,7 +1,7 @@
 -- Helpers (common.lua): istr, num, lease_member, end_lease, tkey, lane, eplane, ezkey, has_ready,
---   ekey, adopt, quantum, cap_of, ep_cap, ep_after, limit_of, bucket_level, token_due,
---   endpoint_gate, spend_endpoint, block_of, breaker_gate, breaker_record, unblock_due,
---   paced_until, pace_clear, settle, dead_letter, delayed_member, promote_due, reap
+--   ekey, adopt, quantum, cap_of, ep_cap, block_of, ep_after, limit_of, bucket_level, token_due,
+--   endpoint_gate, spend_endpoint, breaker_gate, breaker_record, unblock_due, paced_until,
+--   pace_clear, settle, dead_letter, delayed_member, promote_due, reap
 -- Lease and ack, shared by the lease, ack and ack_lease scripts.
 
 -- After a lease (charging `charged`) or a skip (charging 0), put the
