@@ -27,7 +27,9 @@ mod support;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-use common::{connect, enqueue_all, env, fair, fair_with, measure, Rate, CLIENTS, CYCLES};
+use common::{
+    connect, enqueue_all, env, fair, fair_batched, fair_with, measure, Rate, CLIENTS, CYCLES,
+};
 use lanekeeper::envelope::Envelope;
 use lanekeeper::policy::{Isolation, QueuePolicy, RateLimit, RateLimits};
 
@@ -174,7 +176,7 @@ fn main() {
         // with whatever else runs, and one pair alone swings by 20% or more.
         let mut raws = Vec::new();
         let mut tens = Vec::new();
-        for round in 1..=ROUNDS {
+        for round in 1..=(if std::env::var_os("XXX_BATCH").is_some() { 1 } else { ROUNDS }) {
             let r = raw(&url).await;
             println!(
                 "[{round}] raw RPOP+HINCRBY, {CLIENTS} clients: {:>9.0} cycles/s  (Redis CPU {:.1} us/cycle)",
@@ -187,6 +189,24 @@ fn main() {
                 f.per_s, f.redis_us
             );
             tens.push(f);
+        }
+        let raw_rate = median(raws.clone());
+        if std::env::var_os("XXX_BATCH").is_some() {
+            for k in [16usize, 16, 16, 16] {
+                let r = fair_batched(&url, 10, &QueuePolicy::default(), if k == 1 { CLIENTS } else { 4 }, k).await;
+                println!("XXX k={k} {:.0}/s {:.1}us raw {:.1}us", r.per_s, r.redis_us, raw_rate.redis_us);
+            }
+            std::process::exit(0);
+        }
+        for (tenants, clients) in [(10u64, 4usize), (1_000, 4), (40_000, 4)] {
+            for k in [1usize, 16] {
+                let clients = if k == 1 { CLIENTS } else { clients };
+                let r = fair_batched(&url, tenants, &QueuePolicy::default(), clients, k).await;
+                println!(
+                    "batched k={k:>2}, {clients} clients, {tenants:>6} tenants: {:>9.0} deliveries/s ({:.2}x raw)  (Redis CPU {:.1} us/delivery, {:.2}x raw)",
+                    r.per_s, r.per_s / raw_rate.per_s, r.redis_us, r.redis_us / raw_rate.redis_us
+                );
+            }
         }
         let raw = median(raws);
         let mut fair_rates = vec![median(tens)];

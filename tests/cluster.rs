@@ -89,6 +89,23 @@ proptest! {
             lanekeeper::policy::Isolation::Endpoint,
         ))?;
     }
+
+    /// The same with batched leases and acks (k = 16).
+    #[test]
+    fn model_batched_no_loss_no_double_ack_in_order(
+        ops in prop::collection::vec(support::model::op(), 1..60),
+        ordered in any::<bool>(),
+    ) {
+        let url = shared().url.clone();
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        rt.block_on(support::model::run_batched(
+            &url,
+            ops,
+            ordered,
+            lanekeeper::policy::Isolation::Tenant,
+            16,
+        ))?;
+    }
 }
 
 #[tokio::test]

@@ -117,6 +117,80 @@ pub async fn fair_with(url: &str, tenants: u64, policy: &QueuePolicy) -> Rate {
     rate
 }
 
+/// Deliveries with `clients` concurrent clients, each a worker with `k`
+/// slots: every call acks the deliveries it holds and leases up to `k`
+/// more ([`Store::lease_batch`]).
+pub async fn fair_batched(
+    url: &str,
+    tenants: u64,
+    policy: &QueuePolicy,
+    clients: usize,
+    k: usize,
+) -> Rate {
+    static RUN: AtomicU64 = AtomicU64::new(0);
+    let set = format!("batch{tenants}-{}", RUN.fetch_add(1, Ordering::Relaxed));
+    let admin = connect(url, &set).await;
+    admin.configure_queue(Q, policy).await.unwrap();
+    let per = (2 * CYCLES / tenants).max(2);
+    let envs: Vec<Envelope> = (0..per)
+        .flat_map(|i| (0..tenants).map(move |t| env(&format!("t{t}"), i)))
+        .collect();
+    enqueue_all(&admin, envs).await;
+    let mut stores = Vec::new();
+    for _ in 0..clients {
+        stores.push(connect(url, &set).await);
+    }
+    let rate = measure(url, CYCLES, run_batched(stores, k)).await;
+    admin.purge_set().await.unwrap();
+    rate
+}
+
+async fn run_batched(clients: Vec<Store>, k: usize) {
+    // deliveries still to lease, claimed up to k at a time
+    let left = Arc::new(AtomicU64::new(CYCLES));
+    let mut tasks = Vec::new();
+    for (c, store) in clients.into_iter().enumerate() {
+        let left = left.clone();
+        tasks.push(tokio::spawn(async move {
+            let worker = format!("b{c}");
+            let lease_for = Duration::from_secs(60);
+            let mut held: Vec<lanekeeper::store::Lease> = Vec::new();
+            loop {
+                let want = left
+                    .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| {
+                        Some(n - n.min(k as u64))
+                    })
+                    .map(|n| n.min(k as u64))
+                    .unwrap() as usize;
+                if want == 0 && held.is_empty() {
+                    break;
+                }
+                let done: Vec<_> = held
+                    .iter()
+                    .map(|l| (l, Duration::from_millis(20)))
+                    .collect();
+                let batch = store
+                    .lease_batch(Q, &done, want, &worker, lease_for)
+                    .await
+                    .unwrap();
+                assert!(batch.acked.iter().all(|a| a.acked));
+                if batch.leased.len() < want {
+                    assert!(
+                        !matches!(batch.short, Some(LeaseOutcome::Empty { .. })) || !held.is_empty(),
+                        "backlog ran out: {:?}",
+                        batch.short
+                    );
+                    left.fetch_add((want - batch.leased.len()) as u64, Ordering::Relaxed);
+                }
+                held = batch.leased;
+            }
+        }));
+    }
+    for t in tasks {
+        t.await.unwrap();
+    }
+}
+
 async fn run_fair(clients: Vec<Store>) {
     let done = Arc::new(AtomicU64::new(0));
     let mut tasks = Vec::new();

@@ -16,6 +16,7 @@ pub(super) enum Func {
     Lease,
     Ack,
     AckLease,
+    LeaseBatch,
     Release,
     Nack,
     Maintain,
@@ -36,11 +37,12 @@ pub(super) enum Func {
 }
 
 impl Func {
-    const ALL: [Func; 21] = [
+    const ALL: [Func; 22] = [
         Func::Enqueue,
         Func::Lease,
         Func::Ack,
         Func::AckLease,
+        Func::LeaseBatch,
         Func::Release,
         Func::Nack,
         Func::Maintain,
@@ -67,6 +69,7 @@ impl Func {
             Func::Lease => ("lease", include_str!("lua/lease.lua")),
             Func::Ack => ("ack", include_str!("lua/ack.lua")),
             Func::AckLease => ("ack_lease", include_str!("lua/ack_lease.lua")),
+            Func::LeaseBatch => ("lease_batch", include_str!("lua/lease_batch.lua")),
             Func::Release => ("release", include_str!("lua/release.lua")),
             Func::Nack => ("nack", include_str!("lua/nack.lua")),
             Func::Maintain => ("maintain", include_str!("lua/maintain.lua")),

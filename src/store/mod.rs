@@ -57,9 +57,10 @@ pub use operations::{
     check_reason, AuditEntry, PauseOutcome, PurgeMode, PurgeOutcome, ReplayOutcome, ReplayPlan,
     TenantView, AUDIT_MAX, MAX_REASON_BYTES, PURGE_PAGE,
 };
-pub use queue::{TenantTerms, TierUpdate, ENQUEUE_CHUNK, SWEEP_STEP};
+pub use queue::{TenantTerms, TierUpdate, ENQUEUE_CHUNK, LEASE_BATCH_MAX, SWEEP_STEP};
 pub use reply::{
-    Acked, BreakerChange, DeadLetter, DeadLetterPage, EnqueueOutcome, Failure, Lease, LeaseOutcome,
+    Acked, BreakerChange, DeadLetter, DeadLetterPage, EnqueueOutcome, Failure, Lease, LeaseBatch,
+    LeaseOutcome,
     NackOutcome, ReplayPage, SweepStep, TenantActivity, TenantQueueState, TenantStats,
 };
 pub use settings::{log_at_start as log_settings_at_start, worst as worst_settings, RedisSettings};
@@ -126,6 +127,8 @@ pub enum StoreError {
     Invalid(#[from] InvalidEnvelope),
     #[error("invalid endpoint: {0}")]
     InvalidEndpoint(InvalidEndpoint),
+    #[error("invalid lease batch: {0}")]
+    InvalidBatch(String),
     #[error("invalid cursor: a dead-letter cursor is the `cursor` of a letter listed before (<ms>-<seq>)")]
     InvalidCursor,
     #[error("stored on the Redis primary, but {acked} replicas acknowledged it within {timeout:?} (durability Replicated needs 1): it may be lost if the primary fails now; retry with the same id (a duplicate is stored once)")]
@@ -148,9 +151,10 @@ impl StoreError {
         match self {
             StoreError::Timeout(_) => "redis timeout",
             StoreError::Redis(_) => "redis error",
-            StoreError::Invalid(_) | StoreError::InvalidEndpoint(_) | StoreError::InvalidCursor => {
-                "invalid input"
-            }
+            StoreError::Invalid(_)
+            | StoreError::InvalidEndpoint(_)
+            | StoreError::InvalidCursor
+            | StoreError::InvalidBatch(_) => "invalid input",
             StoreError::NotReplicated { .. } => "not replicated",
             StoreError::RoutingMissing(_) => "routing table missing",
             StoreError::TenantMoving(_) => "tenant moving",

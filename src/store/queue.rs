@@ -9,12 +9,12 @@ use super::conn::{cluster_builder, PubSubSource};
 use super::keys;
 use super::library::{function_missing, load_library, Func};
 use super::reply::{
-    ack_lease_reply, ack_reply, enqueue_reply, lease_reply, maintain_reply, nack_reply,
-    release_reply, sweep_reply,
+    ack_lease_reply, ack_reply, enqueue_reply, lease_batch_reply, lease_reply, maintain_reply,
+    nack_reply, release_reply, sweep_reply,
 };
 use super::{
-    Acked, EnqueueOutcome, Failure, Lease, LeaseOutcome, NackOutcome, Result, Store, StoreError,
-    SweepStep,
+    Acked, EnqueueOutcome, Failure, Lease, LeaseBatch, LeaseOutcome, NackOutcome, Result, Store,
+    StoreError, SweepStep,
 };
 use crate::envelope::Envelope;
 use crate::policy::QueuePolicy;
@@ -25,6 +25,10 @@ use crate::routing::QueueId;
 /// step of 200 took up to 6.5 ms of Redis time on a 2-core machine, and
 /// one of 100 up to 14 ms once (usually 1.5): 50 keeps far under 10.
 pub const SWEEP_STEP: u32 = 50;
+
+/// The most acks, and the most leases, one [`Store::lease_batch`] call
+/// carries (the script refuses more).
+pub const LEASE_BATCH_MAX: usize = 64;
 
 /// Envelopes per enqueue script call in a batch.
 pub const ENQUEUE_CHUNK: usize = 200;
@@ -369,6 +373,55 @@ impl Store {
             )
             .await?;
         ack_lease_reply(done.queue, v)
+    }
+
+    /// Acknowledge the deliveries in `done` (each with the time it took)
+    /// and lease up to `k` envelopes of `q`, in one script call: a worker
+    /// with `k` free slots. Each lease is its own turn of deficit round
+    /// robin (the tenants served are those `k` calls of [`Store::lease`] in
+    /// a row would serve), so caps, rate limits and fairness hold per
+    /// envelope, and each lease has its own deadline. At most
+    /// [`LEASE_BATCH_MAX`] each way; every lease in `done` must be of `q`.
+    pub async fn lease_batch(
+        &self,
+        q: QueueId,
+        done: &[(&Lease, Duration)],
+        k: usize,
+        worker: &str,
+        lease_for: Duration,
+    ) -> Result<LeaseBatch> {
+        if k > LEASE_BATCH_MAX || done.len() > LEASE_BATCH_MAX {
+            return Err(StoreError::InvalidBatch(format!(
+                "it carries at most {LEASE_BATCH_MAX} acks and {LEASE_BATCH_MAX} leases (asked: {} acks, {k} leases)",
+                done.len()
+            )));
+        }
+        if let Some((l, _)) = done.iter().find(|(l, _)| l.queue != q) {
+            return Err(StoreError::InvalidBatch(format!(
+                "it acks leases of its own queue only ({q}); envelope {} is of {}",
+                l.id, l.queue
+            )));
+        }
+        let ms = lease_for.as_millis().max(1).to_string();
+        let budget = LEASE_SCAN_BUDGET.to_string();
+        let token = lease_token(worker);
+        let (k_s, n_s) = (k.to_string(), done.len().to_string());
+        let us: Vec<String> = done
+            .iter()
+            .map(|(_, e)| e.as_micros().to_string())
+            .collect();
+        let mut args: Vec<&[u8]> = vec![
+            ms.as_bytes(),
+            token.as_bytes(),
+            budget.as_bytes(),
+            k_s.as_bytes(),
+            n_s.as_bytes(),
+        ];
+        for ((lease, _), us) in done.iter().zip(&us) {
+            args.extend([lease.id.as_bytes(), lease.token.as_bytes(), us.as_bytes()]);
+        }
+        let v = self.run(Func::LeaseBatch, q, &args).await?;
+        lease_batch_reply(q, v, done.len(), k)
     }
 
     /// Acknowledge a delivery that took `elapsed`. Idempotent: a second ack,

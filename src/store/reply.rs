@@ -193,6 +193,19 @@ pub struct Acked {
     pub breaker: Option<BreakerChange>,
 }
 
+/// The answer to a batched ack and lease ([`Store::lease_batch`](super::Store::lease_batch)).
+#[derive(Clone, Debug, PartialEq)]
+pub struct LeaseBatch {
+    /// One answer per ack, in the order given.
+    pub acked: Vec<Acked>,
+    /// The envelopes leased, in the order deficit round robin served them.
+    pub leased: Vec<Lease>,
+    /// Why fewer than the `k` asked for were leased: [`LeaseOutcome::Empty`]
+    /// or [`LeaseOutcome::Again`], as a single lease would have answered;
+    /// `None` when all `k` were.
+    pub short: Option<LeaseOutcome>,
+}
+
 /// A tenant's state in one queue, as the relocation phases need it.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct TenantQueueState {
@@ -385,6 +398,53 @@ pub(super) fn ack_lease_reply(q: QueueId, v: Value) -> Result<(Acked, LeaseOutco
         )),
         _ => Err(unexpected("ack_lease", &items)),
     }
+}
+
+/// lease_batch.lua: `{acks, leases, tail}`: `n` flattened `{status,
+/// change}` pairs, a LEASED reply per lease (at most `k`), and the answer
+/// that stopped the batch short (empty when it did not).
+pub(super) fn lease_batch_reply(q: QueueId, v: Value, n: usize, k: usize) -> Result<LeaseBatch> {
+    let items = array("lease_batch", v)?;
+    let [acks, leases, tail] = <[Value; 3]>::try_from(items)
+        .map_err(|items| unexpected("lease_batch", &items))?;
+    let acks = array("lease_batch", acks)?;
+    if acks.len() != 2 * n {
+        return Err(unexpected("lease_batch", &acks));
+    }
+    let acked = acks
+        .chunks(2)
+        .map(|pair| Acked {
+            acked: string(&pair[0]) == "OK",
+            breaker: BreakerChange::parse(Some(&pair[1])),
+        })
+        .collect();
+    let leases = array("lease_batch", leases)?;
+    if leases.len() > k {
+        return Err(unexpected("lease_batch", &leases));
+    }
+    let mut leased = Vec::with_capacity(leases.len());
+    for l in leases {
+        match parse_lease(q, &array("lease_batch", l)?)? {
+            LeaseOutcome::Leased(lease) => leased.push(lease),
+            other => {
+                return Err(StoreError::Protocol {
+                    script: "lease_batch",
+                    detail: format!("a lease in the batch answered {other:?}"),
+                })
+            }
+        }
+    }
+    let tail = array("lease_batch", tail)?;
+    let short = if tail.is_empty() {
+        None
+    } else {
+        Some(parse_lease(q, &tail)?)
+    };
+    Ok(LeaseBatch {
+        acked,
+        leased,
+        short,
+    })
 }
 
 /// ack.lua: `{'OK' | 'STALE', breaker change}`; true when acked.

@@ -2,6 +2,7 @@
 //! ShardSet. Every shard and lane Deployment runs it; several processes on
 //! one queue cooperate through the queue's scripts alone.
 
+mod batcher;
 pub mod delivery;
 pub mod env;
 pub mod ssrf;
@@ -77,6 +78,8 @@ struct Shared {
     /// state and the controller has not restored it: the queue's policy is
     /// gone too, so this worker leases nothing until it is back.
     routing: watch::Sender<bool>,
+    /// Gathers the delivery tasks' acks and leases into batched calls.
+    batcher: batcher::Batcher,
 }
 
 /// Run the worker until `stop` turns true (SIGTERM), then drain: stop
@@ -110,8 +113,15 @@ pub async fn run(
     if !present {
         warn!(set = %store.set(), "the routing table is missing from Redis (Redis lost its state, or the set is new): not leasing until the controller writes it");
     }
+    let batcher = batcher::Batcher::start(
+        store.clone(),
+        config.queue,
+        config.worker_id.clone(),
+        config.lease_for(),
+    );
     let shared = Arc::new(Shared {
         queue_label: config.queue.to_string(),
+        batcher,
         store,
         deliverer,
         endpoints: EndpointCache::new(config.endpoint_cache, ENDPOINT_CACHE_CAPACITY),
@@ -131,9 +141,9 @@ pub async fn run(
     // Past the grace period, deliveries still running are cancelled and released.
     let (abandon_tx, abandon_rx) = watch::channel(false);
     let mut tasks = tokio::task::JoinSet::new();
-    for slot in 0..shared.config.concurrency {
+    for _ in 0..shared.config.concurrency {
         let (shared, stop, abandon) = (shared.clone(), stop.clone(), abandon_rx.clone());
-        tasks.spawn(async move { delivery_loop(shared, slot, stop, abandon).await });
+        tasks.spawn(async move { delivery_loop(shared, stop, abandon).await });
     }
     {
         let (shared, mut stop) = (shared.clone(), stop.clone());
@@ -254,13 +264,9 @@ pub async fn run(
 
 async fn delivery_loop(
     shared: Arc<Shared>,
-    slot: usize,
     stop: watch::Receiver<bool>,
     abandon: watch::Receiver<bool>,
 ) {
-    let worker = format!("{}/{slot}", shared.config.worker_id);
-    let q = shared.config.queue;
-    let lease_for = shared.config.lease_for();
     let stopping = || *stop.borrow();
     let mut next: Option<LeaseOutcome> = None;
     let mut backoff = Duration::from_millis(50);
@@ -287,8 +293,8 @@ async fn delivery_loop(
                     }
                     continue;
                 }
-                match shared.store.lease(q, &worker, lease_for).await {
-                    Ok(o) => o,
+                match shared.batcher.next(None).await {
+                    Ok((_, o)) => o,
                     Err(e) => {
                         warn!(error = %e, "lease failed; backing off");
                         sleep_or_stop(backoff, &stop).await;
@@ -306,7 +312,7 @@ async fn delivery_loop(
                 // delivery (a slow endpoint's 30 s).
                 drop(woken);
                 let stopping = stopping();
-                next = handle(&shared, &worker, lease, stopping, abandon.clone()).await;
+                next = handle(&shared, lease, stopping, abandon.clone()).await;
             }
             LeaseOutcome::Empty { retry_after } => {
                 let mut stop = stop.clone();
@@ -349,7 +355,6 @@ async fn sleep_or_stop(d: Duration, stop: &watch::Receiver<bool>) {
 #[tracing::instrument(name = "deliver", level = "debug", skip_all, fields(queue = %lease.queue, tenant = %lease.tenant, id = %lease.id, attempt = lease.attempts + 1))]
 async fn handle(
     shared: &Shared,
-    worker: &str,
     lease: Lease,
     stopping: bool,
     mut abandon: watch::Receiver<bool>,
@@ -442,13 +447,14 @@ async fn handle(
                 }
                 return None;
             }
-            match shared
-                .store
-                .ack_and_lease(&lease, elapsed, worker, shared.config.lease_for())
-                .await
-            {
-                Ok((Acked { breaker, .. }, next)) => {
-                    if let Some(change) = breaker {
+            // the ack and the next lease go in the worker's next batched call
+            match shared.batcher.next(Some((lease.clone(), elapsed))).await {
+                Ok((acked, next)) => {
+                    if let Some(Acked {
+                        breaker: Some(change),
+                        ..
+                    }) = acked
+                    {
                         breaker_changed(shared, &env.tenant, &lease, change);
                     }
                     Some(next)

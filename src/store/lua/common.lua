@@ -146,6 +146,10 @@ local CLOCK
 -- The oldest routing-table version a routed enqueue may carry (0: any),
 -- as stored: only enqueue reads it.
 local MIN_ROUTE_RAW
+-- Worker-us per tenant that `settle` gathers instead of writing, while a
+-- batched call runs (tenant -> us; nil otherwise: each settle writes its
+-- own). Reset by `begin`, written by attribute_flush.
+local ATTR
 
 -- A small whole number (a count or a flag) as a string argument, made once
 -- and kept. Redis formats every number argument of a call with "%.17g",
@@ -265,6 +269,7 @@ local function begin(keys)
   MAINT_NEXT = num(conf[2], 0)
   CLOCK = conf[3] and tonumber(conf[3])
   MIN_ROUTE_RAW = conf[4]
+  ATTR = nil
 end
 
 local function now_ms()
@@ -300,6 +305,35 @@ local function end_lease(id, member)
   local c, _, lid, t, ep = parse_lease(member)
   if not c or lid ~= id or redis.call('ZREM', LEASES, member) == 0 then return nil end
   return c, t, ep
+end
+
+-- Take the leases `members[i]` of envelopes `ids[i]` (at most 64 of each)
+-- out of P:leases in two calls whatever their number. Returns a table with
+-- true at each i whose lease was held (what end_lease's answer is for one);
+-- a lease named twice is held at most once.
+local function end_leases(ids, members)
+  local valid, at, seen = {}, {}, {}
+  for i = 1, #members do
+    local m = members[i]
+    local _, _, lid = parse_lease(m)
+    if lid and lid == ids[i] and not seen[m] then
+      seen[m] = true
+      valid[#valid + 1] = m
+      at[#at + 1] = i
+    end
+  end
+  local held = {}
+  if #valid == 0 then return held end
+  local scores = redis.call('ZMSCORE', LEASES, unpack(valid))
+  local gone = {}
+  for j = 1, #valid do
+    if scores[j] then
+      held[at[j]] = true
+      gone[#gone + 1] = valid[j]
+    end
+  end
+  if #gone > 0 then redis.call('ZREM', LEASES, unpack(gone)) end
+  return held
 end
 
 local function tkey(t) return P .. ':t:' .. t end
@@ -816,6 +850,29 @@ local function pace_clear(t)
   redis.call('HDEL', tkey(t), 'pz')
 end
 
+-- Add `us` worker-microseconds to tenant `t`'s share of the bucket of
+-- `now` (P:wsu:<bucket>). Cannot fail.
+local function attribute(t, us, now)
+  local bucket = P .. ':wsu:' .. math.floor(now / BUCKET_MS)
+  -- the first write to a bucket is always a tenant's first in it: set the TTL then
+  if redis.call('HINCRBY', bucket, t, us) == us then redis.call('EXPIRE', bucket, 7200) end
+end
+
+-- From now until attribute_flush, `settle` gathers worker-us per tenant
+-- instead of writing each delivery's (a batched call).
+local function attribute_gather()
+  ATTR = {}
+end
+
+-- Write what attribute_gather gathered: one HINCRBY
+-- per tenant, not one per delivery. Cannot fail.
+local function attribute_flush(now)
+  local gathered = ATTR
+  ATTR = nil
+  if not gathered then return end
+  for t, us in pairs(gathered) do attribute(t, us, now) end
+end
+
 -- The counter each outcome adds one to.
 local OUTCOME_COUNTER = { delivered = 'ok', dead = 'ko', retry = 'w' }
 
@@ -862,9 +919,11 @@ local function settle(t, charged, actual, now, free_slot, outcome, ep, keep_ep)
   end
   local us = math.floor(actual + 0.5)
   if us > 0 then
-    local bucket = P .. ':wsu:' .. math.floor(now / BUCKET_MS)
-    -- the first write to a bucket is always a tenant's first in it: set the TTL then
-    if redis.call('HINCRBY', bucket, t, us) == us then redis.call('EXPIRE', bucket, 7200) end
+    if ATTR then
+      ATTR[t] = (ATTR[t] or 0) + us
+    else
+      attribute(t, us, now)
+    end
   end
   return num(st[6], 0)
 end

@@ -1,4 +1,4 @@
--- Helpers (common.lua): istr, num, lease_member, end_lease, tkey, lane, eplane, ezkey, has_ready,
+-- Helpers (common.lua): istr, num, lease_member, parse_lease, end_lease, tkey, lane, eplane, ezkey, has_ready,
 --   ekey, adopt, quantum, cap_of, ep_cap, block_of, ep_after, limit_of, bucket_level, token_due,
 --   endpoint_gate, spend_endpoint, breaker_gate, breaker_record, unblock_due, paced_until,
 --   pace_clear, settle, dead_letter, delayed_member, promote_due, reap
@@ -81,6 +81,14 @@ local function park(t, tk, due, now, extra)
   maintain_by(due)
 end
 
+-- Add the leases a batch gathered (score, member pairs, at most 64) to
+-- P:leases in one call, and empty the list.
+local function leases_flush(pending)
+  if #pending == 0 then return end
+  redis.call('ZADD', LEASES, unpack(pending))
+  for i = #pending, 1, -1 do pending[i] = nil end
+end
+
 -- Lease the next envelope by deficit round robin.
 -- Returns {'LEASED', id, tenant, payload, attempts, seq, token, deadline_ms, enqueued_ms}
 --       | {'EMPTY', wait_ms} (nothing eligible; wait_ms until the next retry or lease deadline is due)
@@ -88,7 +96,9 @@ end
 -- Due retries and expired leases are handled here at most every 100 ms while
 -- the queue is busy (workers also call `maintain` on a timer), and always
 -- before answering EMPTY, so an idle queue recovers at once.
-local function lease_next(lease_ms, token, budget, now)
+-- With `pending` (a batch), the lease goes to it, for leases_flush, instead
+-- of into P:leases at once.
+local function lease_next(lease_ms, token, budget, now, pending)
   local maintained = false
   if now >= MAINT_NEXT then
     maintain_queue(now)
@@ -103,6 +113,8 @@ local function lease_next(lease_ms, token, budget, now)
       t = redis.call('LINDEX', RING, '0')
     end
     if not t then
+      -- the batch's leases count for the wait
+      if pending then leases_flush(pending) end
       local wait = 1000
       local due = redis.call('ZRANGE', DELAYED, 0, 0, 'WITHSCORES')
       if due[2] then wait = math.min(wait, tonumber(due[2]) - now) end
@@ -218,7 +230,12 @@ local function lease_next(lease_ms, token, budget, now)
         local deadline = now + lease_ms
         -- the estimate as stored, when it is: no number to format
         local member = lease_member(st[3] or e, now, id, t, token, lep)
-        redis.call('ZADD', LEASES, deadline, member)
+        if pending then
+          pending[#pending + 1] = deadline
+          pending[#pending + 1] = member
+        else
+          redis.call('ZADD', LEASES, deadline, member)
+        end
         d = d - e
         f = f + 1
         local set = { 'd', d, 'f', istr(f) }
@@ -243,14 +260,23 @@ end
 -- Acknowledge a delivery. Returns 'OK', or 'STALE' when the lease is gone
 -- (already acked, or expired and handed to another worker): ack is idempotent.
 -- The second value is the breaker's state change ('closed' after a probe).
-local function ack_one(id, lease, elapsed, now)
-  local c, t, ep = end_lease(id, lease)
+-- In a batch (see lease_batch.lua), `held` says whether end_leases found
+-- the lease held (and took it), and the record's key is added to `dels`
+-- for the caller to delete, one DEL for the batch.
+local function ack_one(id, lease, elapsed, now, dels, held)
+  local c, t, ep
+  if held == nil then
+    c, t, ep = end_lease(id, lease)
+  elseif held then
+    local pc, _, _, pt, pep = parse_lease(lease)
+    c, t, ep = pc, pt, pep
+  end
   if not c then return 'STALE', '' end
   local ek = ekey(t, id)
   local bw = settle(t, c, elapsed, now, true, 'delivered', ep)
   local change = ''
   -- the endpoint matters only to a tenant with breakers in use
   if bw > 0 then change = breaker_record(t, ep or redis.call('HGET', ek, 'ep') or '', false, bw, now) end
-  redis.call('DEL', ek)
+  if dels then dels[#dels + 1] = ek else redis.call('DEL', ek) end
   return 'OK', change
 end

@@ -151,6 +151,20 @@ pub async fn run_isolated(
     ordered: bool,
     isolation: Isolation,
 ) -> Result<(), TestCaseError> {
+    run_batched(url, ops, ordered, isolation, 1).await
+}
+
+/// [`run_isolated`] with leases and acks in batches of up to `batch`
+/// ([`Store::lease_batch`]) when `batch` is more than 1: a lease asks for
+/// `batch` envelopes, and an ack acks up to `batch` held leases of one
+/// queue (from the one picked on) and leases up to `batch` more in the same call.
+pub async fn run_batched(
+    url: &str,
+    ops: Vec<Op>,
+    ordered: bool,
+    isolation: Isolation,
+    batch: usize,
+) -> Result<(), TestCaseError> {
     static N: AtomicU32 = AtomicU32::new(0);
     let set = SetId::new("model", format!("m{}", N.fetch_add(1, Ordering::Relaxed)));
     let s = Store::connect(url, set, Default::default()).await.unwrap();
@@ -252,7 +266,49 @@ pub async fn run_isolated(
                     Duration::from_secs(60)
                 };
                 let q = if lane { LANE } else { Q };
-                if let LeaseOutcome::Leased(l) = m.s.lease(q, "w", d).await.unwrap() {
+                let leased = if batch > 1 {
+                    m.s.lease_batch(q, &[], batch, "w", d).await.unwrap().leased
+                } else {
+                    match m.s.lease(q, "w", d).await.unwrap() {
+                        LeaseOutcome::Leased(l) => vec![l],
+                        _ => vec![],
+                    }
+                };
+                for l in leased {
+                    let t: usize = l.tenant[1..].parse().unwrap();
+                    prop_assert!(!m.paused[t], "{} leased while paused by a user", l.tenant);
+                    m.held.push(l);
+                }
+            }
+            Op::Ack(i) if !m.held.is_empty() && batch > 1 => {
+                // up to `batch` held leases of the queue of the one picked
+                // (every other one from it), acked with up to `batch` new
+                // leases in one call
+                let q = m.held[i % m.held.len()].queue;
+                let mut picked = Vec::new();
+                let mut j = 0;
+                while j < m.held.len() && picked.len() < batch {
+                    if m.held[j].queue == q && (picked.is_empty() || j % 2 == i % 2) {
+                        picked.push(m.held.remove(j));
+                    } else {
+                        j += 1;
+                    }
+                }
+                let done: Vec<_> = picked
+                    .iter()
+                    .map(|l| (l, Duration::from_millis(3)))
+                    .collect();
+                let answer =
+                    m.s.lease_batch(q, &done, batch, "w", Duration::from_secs(60))
+                        .await
+                        .unwrap();
+                prop_assert_eq!(answer.acked.len(), picked.len());
+                for (l, a) in picked.iter().zip(&answer.acked) {
+                    if a.acked {
+                        m.ack(l)?;
+                    }
+                }
+                for l in answer.leased {
                     let t: usize = l.tenant[1..].parse().unwrap();
                     prop_assert!(!m.paused[t], "{} leased while paused by a user", l.tenant);
                     m.held.push(l);
