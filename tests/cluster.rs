@@ -645,3 +645,13 @@ async fn endpoint_isolation_across_slots() {
     support::isolation::a_move_keeps_each_endpoints_order(url).await;
     support::isolation::purge_replay_and_sweep_follow_the_endpoint_lanes(url).await;
 }
+
+#[tokio::test]
+async fn a_batch_serves_the_tenants_k_single_leases_would() {
+    support::batch::a_batch_serves_the_tenants_k_single_leases_would(&shared().url).await;
+}
+
+#[tokio::test]
+async fn a_hostile_batch_settles_nothing_twice() {
+    support::batch::a_hostile_batch_settles_nothing_twice(&shared().url).await;
+}

@@ -2359,3 +2359,27 @@ async fn purge_replay_and_sweep_follow_the_endpoint_lanes() {
     )
     .await;
 }
+
+// ---- batched lease and ack (k = 16) -----------------------------------
+
+#[tokio::test]
+async fn a_batch_serves_the_tenants_k_single_leases_would() {
+    support::batch::a_batch_serves_the_tenants_k_single_leases_would(&support::redis::shared().url)
+        .await;
+}
+
+#[tokio::test]
+async fn fairness_in_worker_seconds_holds_in_batches() {
+    support::batch::fairness_in_worker_seconds_holds_in_batches(&support::redis::shared().url)
+        .await;
+}
+
+#[tokio::test]
+async fn weights_hold_in_batches() {
+    support::batch::weights_hold_in_batches(&support::redis::shared().url).await;
+}
+
+#[tokio::test]
+async fn a_hostile_batch_settles_nothing_twice() {
+    support::batch::a_hostile_batch_settles_nothing_twice(&support::redis::shared().url).await;
+}

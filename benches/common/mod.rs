@@ -176,7 +176,8 @@ async fn run_batched(clients: Vec<Store>, k: usize) {
                 assert!(batch.acked.iter().all(|a| a.acked));
                 if batch.leased.len() < want {
                     assert!(
-                        !matches!(batch.short, Some(LeaseOutcome::Empty { .. })) || !held.is_empty(),
+                        !matches!(batch.short, Some(LeaseOutcome::Empty { .. }))
+                            || !held.is_empty(),
                         "backlog ran out: {:?}",
                         batch.short
                     );

@@ -244,6 +244,14 @@ impl Store {
         &self.set
     }
 
+    /// The Redis function `FCALL` runs for the script `script` (`lease`,
+    /// `lease_batch`, ...) of the library this store loads: for tools and
+    /// tests that call a script directly. The name carries the library's
+    /// version (a hash of its source).
+    pub fn function_name(&self, script: &str) -> String {
+        self.lib.function_name(script)
+    }
+
     /// The key prefix of a queue; its `{...}` is the queue's hash tag.
     pub fn queue_prefix(&self, q: QueueId) -> String {
         keys::queue_prefix(&self.set, q)

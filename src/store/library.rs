@@ -97,7 +97,7 @@ impl Func {
     }
 
     pub(super) fn name(self, lib: &Library) -> String {
-        format!("{}_{}", lib.name, self.source().0)
+        lib.function_name(self.source().0)
     }
 }
 
@@ -119,6 +119,13 @@ impl Func {
 pub(super) struct Library {
     name: String,
     code: String,
+}
+
+impl Library {
+    /// The function of script `script` in this library.
+    pub(super) fn function_name(&self, script: &str) -> String {
+        format!("{}_{script}", self.name)
+    }
 }
 
 const COMMON: &str = include_str!("lua/common.lua");

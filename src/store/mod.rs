@@ -60,8 +60,8 @@ pub use operations::{
 pub use queue::{TenantTerms, TierUpdate, ENQUEUE_CHUNK, LEASE_BATCH_MAX, SWEEP_STEP};
 pub use reply::{
     Acked, BreakerChange, DeadLetter, DeadLetterPage, EnqueueOutcome, Failure, Lease, LeaseBatch,
-    LeaseOutcome,
-    NackOutcome, ReplayPage, SweepStep, TenantActivity, TenantQueueState, TenantStats,
+    LeaseOutcome, NackOutcome, ReplayPage, SweepStep, TenantActivity, TenantQueueState,
+    TenantStats,
 };
 pub use settings::{log_at_start as log_settings_at_start, worst as worst_settings, RedisSettings};
 pub use shaping::Shaping;

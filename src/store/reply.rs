@@ -405,8 +405,8 @@ pub(super) fn ack_lease_reply(q: QueueId, v: Value) -> Result<(Acked, LeaseOutco
 /// that stopped the batch short (empty when it did not).
 pub(super) fn lease_batch_reply(q: QueueId, v: Value, n: usize, k: usize) -> Result<LeaseBatch> {
     let items = array("lease_batch", v)?;
-    let [acks, leases, tail] = <[Value; 3]>::try_from(items)
-        .map_err(|items| unexpected("lease_batch", &items))?;
+    let [acks, leases, tail] =
+        <[Value; 3]>::try_from(items).map_err(|items| unexpected("lease_batch", &items))?;
     let acks = array("lease_batch", acks)?;
     if acks.len() != 2 * n {
         return Err(unexpected("lease_batch", &acks));

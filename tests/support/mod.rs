@@ -8,7 +8,7 @@
 //! - `env/`: whole environments built from them (`scenario`, `lanes`,
 //!   `reshard`);
 //! - `bodies/`: test bodies shared by the single-server and the Redis
-//!   Cluster binaries (`dataplane`, `integrity`, `isolation`, `model`).
+//!   Cluster binaries (`batch`, `dataplane`, `integrity`, `isolation`, `model`).
 //!
 //! The demo's scenario is the example's own (`examples/demo/scenario.rs`),
 //! which `tests/demo.rs` includes.
@@ -57,6 +57,6 @@ pub mod bodies;
 pub mod env;
 pub mod infra;
 
-pub use bodies::{buckets, dataplane, integrity, isolation, model};
+pub use bodies::{batch, buckets, dataplane, integrity, isolation, model};
 pub use env::{lanes, reshard, scenario};
 pub use infra::{controlplane, process, receiver, redis, workers};

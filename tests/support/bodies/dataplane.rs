@@ -445,6 +445,23 @@ pub async fn raw(url: &str, cmd: redis::Cmd) -> redis::Value {
     }
 }
 
+/// [`raw`], answering Redis's error (as text) instead of panicking on it.
+pub async fn raw_result(url: &str, cmd: redis::Cmd) -> Result<redis::Value, String> {
+    let r = match lanekeeper::store::cluster_nodes(url) {
+        Some(nodes) => {
+            let client = redis::cluster::ClusterClient::new(nodes.unwrap()).unwrap();
+            let mut c = client.get_async_connection().await.unwrap();
+            cmd.query_async(&mut c).await
+        }
+        None => {
+            let client = redis::Client::open(url).unwrap();
+            let mut c = client.get_multiplexed_async_connection().await.unwrap();
+            cmd.query_async(&mut c).await
+        }
+    };
+    r.map_err(|e| e.to_string())
+}
+
 /// The idle-tenant sweep (issue 21, item 5) on queues in two slots: the
 /// tenant that was delivered and went idle is swept, the one with work
 /// queued is kept, and each queue keeps its own cursor.

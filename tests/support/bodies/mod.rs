@@ -2,8 +2,10 @@
 //! test binaries and again by `tests/cluster.rs` on a Redis Cluster: the
 //! data-plane fairness and relocation bodies (`dataplane`), store integrity
 //! (`integrity`), endpoint isolation (`isolation`), the model property test
-//! (`model`) and its rate-limit counterpart (`buckets`).
+//! (`model`) and its rate-limit counterpart (`buckets`), and batched lease
+//! and ack (`batch`).
 
+pub mod batch;
 pub mod buckets;
 pub mod dataplane;
 pub mod integrity;

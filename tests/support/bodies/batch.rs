@@ -1,0 +1,298 @@
+//! Batched lease and ack ([`Store::lease_batch`]): the tenants a batch of k
+//! serves are those k single leases serve, fairness in worker-seconds and
+//! weights hold at k = 16, and a hostile batch (a lease acked twice in one
+//! call, another tenant's lease, too many, malformed arguments) settles
+//! nothing it should not. Run on one server and on the cluster.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use lanekeeper::policy::QueuePolicy;
+use lanekeeper::store::{keys, Lease, LeaseOutcome, Store, StoreError, LEASE_BATCH_MAX};
+
+use super::dataplane::{fill, store, LEASE, Q};
+
+/// Deliver `n` envelopes of queue Q, `k` at a time, each delivery taking
+/// `took(tenant)`: every call acks the deliveries held and leases up to `k`
+/// more (k = 1: [`Store::lease`] then [`Store::ack`], one at a time).
+/// Returns worker-seconds and deliveries per tenant, and the tenants in the
+/// order they were served.
+pub async fn deliver(
+    s: &Store,
+    k: usize,
+    n: usize,
+    took: impl Fn(&str) -> Duration,
+) -> (BTreeMap<String, f64>, BTreeMap<String, u64>, Vec<String>) {
+    let (mut secs, mut count, mut order) = (BTreeMap::new(), BTreeMap::new(), Vec::new());
+    let mut held: Vec<Lease> = Vec::new();
+    let mut tally = |l: &Lease, d: Duration| {
+        *secs.entry(l.tenant.clone()).or_insert(0.0) += d.as_secs_f64();
+        *count.entry(l.tenant.clone()).or_insert(0) += 1;
+    };
+    let mut leased = 0;
+    while leased < n || !held.is_empty() {
+        let want = k.min(n - leased);
+        if k == 1 {
+            for l in held.drain(..) {
+                assert!(s.ack(&l, took(&l.tenant)).await.unwrap());
+                tally(&l, took(&l.tenant));
+            }
+            if want == 0 {
+                break;
+            }
+            match s.lease(Q, "w", LEASE).await.unwrap() {
+                LeaseOutcome::Leased(l) => held.push(l),
+                LeaseOutcome::Again => continue,
+                other => panic!("backlog ran out: {other:?}"),
+            }
+        } else {
+            let done: Vec<_> = held.iter().map(|l| (l, took(&l.tenant))).collect();
+            let batch = s.lease_batch(Q, &done, want, "w", LEASE).await.unwrap();
+            assert!(batch.acked.iter().all(|a| a.acked), "{:?}", batch.acked);
+            for l in held.drain(..) {
+                tally(&l, took(&l.tenant));
+            }
+            assert!(
+                !batch.leased.is_empty() || want == 0 || batch.short == Some(LeaseOutcome::Again),
+                "backlog ran out: {:?}",
+                batch.short
+            );
+            held = batch.leased;
+        }
+        leased += held.len();
+        order.extend(held.iter().map(|l| l.tenant.clone()));
+    }
+    (secs, count, order)
+}
+
+/// The tenants k single leases serve are the tenants one batch of k
+/// serves, call after call, with caps that bind (3 of 16), a weighted
+/// tenant, tenants of different costs and turns short enough to end
+/// inside a batch: two identical queues, one driven by single calls (k
+/// acks, then k leases), one by batches.
+pub async fn a_batch_serves_the_tenants_k_single_leases_would(url: &str) {
+    let mut policy = QueuePolicy {
+        max_in_flight: 3,
+        quantum_seconds: 0.05,
+        ..Default::default()
+    };
+    policy.weights.insert("t1".into(), 2.0);
+    let took = |t: &str| {
+        Duration::from_millis(match t {
+            "t0" => 5,
+            "t1" => 12,
+            "t2" => 30,
+            _ => 8,
+        })
+    };
+    let (single, batched) = (store(url, policy.clone()).await, store(url, policy).await);
+    for s in [&single, &batched] {
+        for t in 0..6 {
+            fill(s, Q, &format!("t{t}"), 40).await;
+        }
+    }
+    let k = 16;
+    let (mut held_single, mut held_batched): (Vec<Lease>, Vec<Lease>) = (Vec::new(), Vec::new());
+    let (mut served_single, mut served_batched) = (Vec::new(), Vec::new());
+    for _ in 0..40 {
+        for l in held_single.drain(..) {
+            assert!(single.ack(&l, took(&l.tenant)).await.unwrap());
+        }
+        for _ in 0..k {
+            match single.lease(Q, "w", LEASE).await.unwrap() {
+                LeaseOutcome::Leased(l) => held_single.push(l),
+                _ => break,
+            }
+        }
+        let done: Vec<_> = held_batched.iter().map(|l| (l, took(&l.tenant))).collect();
+        let batch = batched.lease_batch(Q, &done, k, "w", LEASE).await.unwrap();
+        assert!(batch.acked.iter().all(|a| a.acked));
+        held_batched = batch.leased;
+        let ids = |held: &[Lease]| -> Vec<String> {
+            held.iter()
+                .map(|l| format!("{}/{}", l.tenant, l.id))
+                .collect()
+        };
+        served_single.push(ids(&held_single));
+        served_batched.push(ids(&held_batched));
+        assert_eq!(
+            served_single, served_batched,
+            "a batch of {k} served other envelopes than {k} single leases"
+        );
+        if held_single.is_empty() {
+            break;
+        }
+    }
+    let served: usize = served_single.iter().map(Vec::len).sum();
+    assert_eq!(served, 240, "every envelope was served: {served_single:?}");
+    // the caps bound: no call held more than 3 of any tenant
+    for call in &served_batched {
+        for t in 0..6 {
+            let n = call
+                .iter()
+                .filter(|id| id.starts_with(&format!("t{t}/")))
+                .count();
+            assert!(
+                n <= 3,
+                "t{t} held {n} > its cap of 3 in one batch: {call:?}"
+            );
+        }
+    }
+}
+
+/// Fairness in worker-seconds at k = 16: a tenant whose deliveries take
+/// ten times as long gets a tenth of the deliveries and the same
+/// worker-seconds. The cap (32) is above the 16 in flight, so the shares
+/// are deficit round robin's. (With a cap that binds, a tenant parked at
+/// it loses the rest of its turn, with a batch of 16 as with 16 single
+/// workers: `a_batch_serves_the_tenants_k_single_leases_would`.)
+pub async fn fairness_in_worker_seconds_holds_in_batches(url: &str) {
+    let s = store(
+        url,
+        QueuePolicy {
+            max_in_flight: 32,
+            ..Default::default()
+        },
+    )
+    .await;
+    fill(&s, Q, "slow", 3000).await;
+    fill(&s, Q, "fast", 3000).await;
+    let took = |t: &str| Duration::from_millis(if t == "slow" { 200 } else { 20 });
+    let (secs, count, _) = deliver(&s, 16, 1500, took).await;
+    let (a, b) = (secs["slow"], secs["fast"]);
+    eprintln!(
+        "k=16: worker-seconds slow={a:.2} fast={b:.2}; deliveries slow={} fast={}",
+        count["slow"], count["fast"]
+    );
+    assert!(
+        (a - b).abs() / a.max(b) < 0.20,
+        "worker-seconds not within 20% at k=16: slow={a} fast={b}"
+    );
+    assert!(
+        count["fast"] > 5 * count["slow"],
+        "the fast tenant gets many more deliveries: {count:?}"
+    );
+    // attribution, gathered per tenant per call, agrees with the deliveries
+    let stats = s.tenant_stats(Q, Duration::from_secs(600)).await.unwrap();
+    for t in ["slow", "fast"] {
+        let st = stats.iter().find(|x| x.tenant == t).unwrap();
+        assert!(
+            (st.worker_seconds - secs[t]).abs() < 1e-6,
+            "{st:?} against {}",
+            secs[t]
+        );
+    }
+}
+
+/// Weights at k = 16: weight 3 gets three times the worker-seconds.
+pub async fn weights_hold_in_batches(url: &str) {
+    let mut policy = QueuePolicy {
+        max_in_flight: 32,
+        ..Default::default()
+    };
+    policy.weights.insert("gold".into(), 3.0);
+    let s = store(url, policy).await;
+    fill(&s, Q, "gold", 2000).await;
+    fill(&s, Q, "plain", 2000).await;
+    let (secs, _, _) = deliver(&s, 16, 800, |_| Duration::from_millis(100)).await;
+    let ratio = secs["gold"] / secs["plain"];
+    assert!(
+        (2.4..=3.6).contains(&ratio),
+        "weight 3 gets about 3x the worker-seconds at k=16, got {ratio:.2}"
+    );
+}
+
+/// A hostile batch settles nothing it should not: a lease named twice in
+/// one call is acked once (the tenant's in-flight count and delivered
+/// count move by one); another tenant's lease under this id, or a lease
+/// made up, is STALE; and a call with too many, or malformed, arguments
+/// fails before its first write (the acks it carried are not made).
+pub async fn a_hostile_batch_settles_nothing_twice(url: &str) {
+    let s = store(url, QueuePolicy::default()).await;
+    fill(&s, Q, "a", 4).await;
+    fill(&s, Q, "b", 4).await;
+    let first = s.lease_batch(Q, &[], 4, "w", LEASE).await.unwrap();
+    assert_eq!(first.leased.len(), 4);
+    let l = first.leased[0].clone();
+    let other = first
+        .leased
+        .iter()
+        .find(|x| x.tenant != l.tenant)
+        .unwrap()
+        .clone();
+    // the same lease twice, and one with its id swapped for another's
+    let mut forged = other.clone();
+    forged.id = l.id.clone();
+    let mut made_up = l.clone();
+    made_up.token = format!("1\n1\n{}\n{}\nnobody", l.id, l.tenant);
+    let d = Duration::from_millis(5);
+    let answer = s
+        .lease_batch(
+            Q,
+            &[(&l, d), (&l, d), (&forged, d), (&made_up, d)],
+            0,
+            "w",
+            LEASE,
+        )
+        .await
+        .unwrap();
+    let acked: Vec<bool> = answer.acked.iter().map(|a| a.acked).collect();
+    assert_eq!(acked, [true, false, false, false]);
+    let state = s.tenant_state(Q, &l.tenant).await.unwrap();
+    let before = first.leased.iter().filter(|x| x.tenant == l.tenant).count() as u64;
+    assert_eq!(state.in_flight, before - 1, "one slot freed: {state:?}");
+    let stats = s.tenant_stats(Q, Duration::from_secs(600)).await.unwrap();
+    let st = stats.iter().find(|x| x.tenant == l.tenant).unwrap();
+    assert_eq!(st.delivered, 1, "delivered once: {st:?}");
+    assert!((st.worker_seconds - 0.005).abs() < 1e-9, "{st:?}");
+    // the other tenant's lease is still held and acks once
+    let again = s
+        .lease_batch(Q, &[(&other, d)], 0, "w", LEASE)
+        .await
+        .unwrap();
+    assert!(again.acked[0].acked);
+
+    // too many each way: refused before Redis
+    let many = vec![(&first.leased[1], d); LEASE_BATCH_MAX + 1];
+    assert!(matches!(
+        s.lease_batch(Q, &many, 1, "w", LEASE).await,
+        Err(StoreError::InvalidBatch(_))
+    ));
+    assert!(matches!(
+        s.lease_batch(Q, &[], LEASE_BATCH_MAX + 1, "w", LEASE).await,
+        Err(StoreError::InvalidBatch(_))
+    ));
+    // and by the script, before its first write, when called directly
+    let held = &first.leased[1];
+    let fcall = |k: &str, n: &str, extra: &[&str]| {
+        let mut cmd = redis::cmd("FCALL");
+        cmd.arg(s.function_name("lease_batch"))
+            .arg(2)
+            .arg(s.queue_prefix(Q))
+            .arg(keys::slot_guard(&s.queue_prefix(Q)))
+            .arg("60000")
+            .arg("hostile")
+            .arg("256")
+            .arg(k)
+            .arg(n);
+        for a in extra {
+            cmd.arg(*a);
+        }
+        cmd
+    };
+    let token = held.token.clone();
+    for (k, n, extra) in [
+        ("65", "1", vec![held.id.as_str(), token.as_str(), "5000"]),
+        ("1", "1", vec![held.id.as_str(), token.as_str(), "soon"]),
+        ("1", "2", vec![held.id.as_str(), token.as_str(), "5000"]),
+        ("-1", "1", vec![held.id.as_str(), token.as_str(), "5000"]),
+        ("1.5", "1", vec![held.id.as_str(), token.as_str(), "5000"]),
+    ] {
+        let v = super::dataplane::raw_result(url, fcall(k, n, &extra)).await;
+        let err = v.expect_err("a malformed batch is an error");
+        assert!(err.contains("lease_batch"), "{err}");
+    }
+    // none of them acked it: it is still held, and acks once now
+    let last = s.lease_batch(Q, &[(held, d)], 0, "w", LEASE).await.unwrap();
+    assert!(last.acked[0].acked, "the malformed calls acked nothing");
+}
