@@ -15,7 +15,14 @@
 //! envelopes, 1,000 per pipeline from 4 producers, as `LPUSH` of the id on
 //! one list and `HSET` of the record per envelope (no routing, no
 //! idempotency, no fairness), compared by medians.
-//! The last line is `RESULT fair_vs_raw=<x> flat_40k_vs_10=<y> enqueue_per_s=<z>
+//! The batched case runs the same as a worker with 16 slots would (four
+//! clients, each acking its 16 deliveries and leasing 16 more per
+//! `lease_batch` call), interleaved with the baseline and k = 1; then both
+//! at 1,000 and 40,000 active tenants. Each phase's Redis CPU per delivery
+//! comes from `INFO cpu` around it.
+//! The last line is `RESULT fair_vs_raw=<x> batch_vs_raw=<k=16 rate over the raw rate>
+//! redis_cpu_vs_raw=<k=16 Redis CPU per delivery over the raw pair's>
+//! flat_40k_vs_10=<y> enqueue_per_s=<z>
 //! enqueue_vs_raw=<batch enqueue rate over the raw LPUSH+HSET rate>
 //! rate_limited_vs_unlimited=<limited rate over unlimited rate>
 //! endpoint_isolated_vs_tenant=<endpoint isolation's rate over tenant isolation's>`.
@@ -158,6 +165,19 @@ async fn raw_enqueue(url: &str, envs: &[Envelope]) -> Rate {
 /// Rounds of the baseline and of the 10-tenant case.
 const ROUNDS: usize = 5;
 
+/// Workers (clients) and slots per worker of the batched case: 64
+/// deliveries in flight, under the 80 slots ten tenants at the default cap
+/// of 8 have.
+const BATCH_CLIENTS: usize = 4;
+const BATCH: usize = 16;
+
+/// The median of the runs' Redis CPU per operation.
+fn median_cpu(runs: &[Rate]) -> f64 {
+    let mut cpu: Vec<f64> = runs.iter().map(|r| r.redis_us).collect();
+    cpu.sort_by(f64::total_cmp);
+    cpu[cpu.len() / 2]
+}
+
 /// The run with the median rate.
 fn median(mut runs: Vec<Rate>) -> Rate {
     runs.sort_by(|a, b| a.per_s.total_cmp(&b.per_s));
@@ -176,7 +196,8 @@ fn main() {
         // with whatever else runs, and one pair alone swings by 20% or more.
         let mut raws = Vec::new();
         let mut tens = Vec::new();
-        for round in 1..=(if std::env::var_os("XXX_BATCH").is_some() { 1 } else { ROUNDS }) {
+        let mut batched_tens = Vec::new();
+        for round in 1..=ROUNDS {
             let r = raw(&url).await;
             println!(
                 "[{round}] raw RPOP+HINCRBY, {CLIENTS} clients: {:>9.0} cycles/s  (Redis CPU {:.1} us/cycle)",
@@ -185,46 +206,54 @@ fn main() {
             raws.push(r);
             let f = fair(&url, 10).await;
             println!(
-                "[{round}] fair lease+ack, {CLIENTS} clients,     10 active tenants: {:>9.0} cycles/s  (Redis CPU {:.1} us/cycle)",
+                "[{round}] fair lease+ack k=1, {CLIENTS} clients,     10 active tenants: {:>9.0} deliveries/s  (Redis CPU {:.1} us/delivery)",
                 f.per_s, f.redis_us
             );
             tens.push(f);
+            let b = fair_batched(&url, 10, &QueuePolicy::default(), BATCH_CLIENTS, BATCH).await;
+            println!(
+                "[{round}] fair lease+ack k={BATCH}, {BATCH_CLIENTS} clients,      10 active tenants: {:>9.0} deliveries/s  (Redis CPU {:.1} us/delivery)",
+                b.per_s, b.redis_us
+            );
+            batched_tens.push(b);
         }
-        let raw_rate = median(raws.clone());
-        if std::env::var_os("XXX_BATCH").is_some() {
-            for k in [16usize, 16, 16, 16] {
-                let r = fair_batched(&url, 10, &QueuePolicy::default(), if k == 1 { CLIENTS } else { 4 }, k).await;
-                println!("XXX k={k} {:.0}/s {:.1}us raw {:.1}us", r.per_s, r.redis_us, raw_rate.redis_us);
-            }
-            std::process::exit(0);
-        }
-        for (tenants, clients) in [(10u64, 4usize), (1_000, 4), (40_000, 4)] {
-            for k in [1usize, 16] {
-                let clients = if k == 1 { CLIENTS } else { clients };
-                let r = fair_batched(&url, tenants, &QueuePolicy::default(), clients, k).await;
-                println!(
-                    "batched k={k:>2}, {clients} clients, {tenants:>6} tenants: {:>9.0} deliveries/s ({:.2}x raw)  (Redis CPU {:.1} us/delivery, {:.2}x raw)",
-                    r.per_s, r.per_s / raw_rate.per_s, r.redis_us, r.redis_us / raw_rate.redis_us
-                );
-            }
-        }
+        let raw_cpu = median_cpu(&raws);
         let raw = median(raws);
+        let (ten_cpu, batched_cpu) = (median_cpu(&tens), median_cpu(&batched_tens));
+        let batched = median(batched_tens);
         let mut fair_rates = vec![median(tens)];
         println!(
-            "median raw {:.0} cycles/s, fair (10 tenants) {:.0} cycles/s: {:.2}x raw",
+            "median raw {:.0} cycles/s ({raw_cpu:.1} us), fair k=1 (10 tenants) {:.0}/s ({ten_cpu:.1} us): {:.2}x raw, k={BATCH} {:.0}/s ({batched_cpu:.1} us): {:.2}x raw",
             raw.per_s,
             fair_rates[0].per_s,
-            fair_rates[0].per_s / raw.per_s
+            fair_rates[0].per_s / raw.per_s,
+            batched.per_s,
+            batched.per_s / raw.per_s,
         );
+        // Redis CPU per delivered envelope by active tenants, k = 1 and k = BATCH.
+        let mut table = vec![(10u64, ten_cpu, batched_cpu)];
         for tenants in [1_000u64, 40_000] {
             let r = fair(&url, tenants).await;
+            let b = fair_batched(&url, tenants, &QueuePolicy::default(), BATCH_CLIENTS, BATCH).await;
             println!(
-                "fair lease+ack, {CLIENTS} clients, {tenants:>6} active tenants: {:>9.0} cycles/s ({:.2}x raw)  (Redis CPU {:.1} us/cycle)",
+                "{tenants:>6} active tenants: k=1 {:>9.0} deliveries/s ({:.2}x raw, Redis CPU {:.1} us/delivery), k={BATCH} {:>9.0} deliveries/s ({:.2}x raw, Redis CPU {:.1} us/delivery)",
                 r.per_s,
                 r.per_s / raw.per_s,
-                r.redis_us
+                r.redis_us,
+                b.per_s,
+                b.per_s / raw.per_s,
+                b.redis_us
             );
             fair_rates.push(r);
+            table.push((tenants, r.redis_us, b.redis_us));
+        }
+        println!("Redis CPU per delivery (us), against the raw pair's {raw_cpu:.1} us:");
+        for (tenants, one, many) in &table {
+            println!(
+                "  {tenants:>6} tenants: k=1 {one:>5.1} ({:.2}x raw)   k={BATCH} {many:>5.1} ({:.2}x raw)",
+                one / raw_cpu,
+                many / raw_cpu
+            );
         }
         // Rate limits: 10,000 tenants, each checked against its own bucket
         // and its endpoint's at every lease, none ever out of tokens;
@@ -303,8 +332,10 @@ fn main() {
         let fair_vs_raw = fair_rates[0].per_s / raw.per_s;
         // Flatness: 40k-tenant throughput relative to 10 (1.0 = no slowdown).
         let flat = fair_rates[0].per_s / fair_rates[2].per_s;
+        let batch_vs_raw = batched.per_s / raw.per_s;
+        let redis_cpu_vs_raw = batched_cpu / raw_cpu;
         println!(
-            "RESULT fair_vs_raw={fair_vs_raw:.3} flat_40k_vs_10={flat:.3} enqueue_per_s={:.0} enqueue_vs_raw={enqueue_vs_raw:.3} rate_limited_vs_unlimited={rate_limited_vs_unlimited:.3} endpoint_isolated_vs_tenant={endpoint_isolated_vs_tenant:.3}",
+            "RESULT fair_vs_raw={fair_vs_raw:.3} batch_vs_raw={batch_vs_raw:.3} redis_cpu_vs_raw={redis_cpu_vs_raw:.3} flat_40k_vs_10={flat:.3} enqueue_per_s={:.0} enqueue_vs_raw={enqueue_vs_raw:.3} rate_limited_vs_unlimited={rate_limited_vs_unlimited:.3} endpoint_isolated_vs_tenant={endpoint_isolated_vs_tenant:.3}",
             enqueue.per_s
         );
     });
