@@ -400,31 +400,32 @@ pub(super) fn ack_lease_reply(q: QueueId, v: Value) -> Result<(Acked, LeaseOutco
     }
 }
 
-/// lease_batch.lua: `{acks, leases, tail}`: `n` flattened `{status,
-/// change}` pairs, a LEASED reply per lease (at most `k`), and the answer
-/// that stopped the batch short (empty when it did not).
+/// lease_batch.lua, one flat array: `n`, then `n` `{status, change}` pairs;
+/// `m` (at most `k`), then `m` LEASED replies of 10 items; then the answer
+/// that stopped the batch short (`EMPTY`, wait or `AGAIN`; nothing when it
+/// did not).
 pub(super) fn lease_batch_reply(q: QueueId, v: Value, n: usize, k: usize) -> Result<LeaseBatch> {
+    const LEASED: usize = 10;
     let items = array("lease_batch", v)?;
-    let [acks, leases, tail] =
-        <[Value; 3]>::try_from(items).map_err(|items| unexpected("lease_batch", &items))?;
-    let acks = array("lease_batch", acks)?;
-    if acks.len() != 2 * n {
-        return Err(unexpected("lease_batch", &acks));
+    let bad = |items: &[Value]| unexpected("lease_batch", items);
+    if items.first().map(int) != Some(n as u64) || items.len() < 2 + 2 * n {
+        return Err(bad(&items));
     }
-    let acked = acks
+    let acked = items[1..1 + 2 * n]
         .chunks(2)
         .map(|pair| Acked {
             acked: string(&pair[0]) == "OK",
             breaker: BreakerChange::parse(Some(&pair[1])),
         })
         .collect();
-    let leases = array("lease_batch", leases)?;
-    if leases.len() > k {
-        return Err(unexpected("lease_batch", &leases));
+    let m = int(&items[1 + 2 * n]) as usize;
+    let leases_at = 2 + 2 * n;
+    if m > k || items.len() < leases_at + LEASED * m {
+        return Err(bad(&items));
     }
-    let mut leased = Vec::with_capacity(leases.len());
-    for l in leases {
-        match parse_lease(q, &array("lease_batch", l)?)? {
+    let mut leased = Vec::with_capacity(m);
+    for chunk in items[leases_at..leases_at + LEASED * m].chunks(LEASED) {
+        match parse_lease(q, chunk)? {
             LeaseOutcome::Leased(lease) => leased.push(lease),
             other => {
                 return Err(StoreError::Protocol {
@@ -434,11 +435,11 @@ pub(super) fn lease_batch_reply(q: QueueId, v: Value, n: usize, k: usize) -> Res
             }
         }
     }
-    let tail = array("lease_batch", tail)?;
+    let tail = &items[leases_at + LEASED * m..];
     let short = if tail.is_empty() {
         None
     } else {
-        Some(parse_lease(q, &tail)?)
+        Some(parse_lease(q, tail)?)
     };
     Ok(LeaseBatch {
         acked,

@@ -5,10 +5,10 @@
 -- of deficit round robin, in one round trip (a worker with k free slots).
 -- The tenants served are those k lease calls in a row would serve. Each
 -- lease's token is `token` followed by '.' and its place in the batch.
--- Returns {acks, leases, tail}: acks the n {status, change} pairs as in
--- ack.lua, flattened; leases a LEASED reply (see lease_next) per envelope
--- leased; tail the answer that stopped the batch short of k ({'EMPTY',
--- wait_ms} or {'AGAIN'}), or {} when k were leased.
+-- Returns one flat array: n, then the n {status, change} pairs as in
+-- ack.lua; m, then the m LEASED replies (see lease_next, 10 items each) of
+-- the envelopes leased; then the answer that stopped the batch short of k
+-- ('EMPTY', wait_ms or 'AGAIN'), nothing when k were leased.
 local lease_ms, token, budget = tonumber(ARGV[1]), ARGV[2], tonumber(ARGV[3])
 local k, n = tonumber(ARGV[4]), tonumber(ARGV[5])
 -- every check before the first write: a batch is at most 64 each way
@@ -28,22 +28,27 @@ for i = 1, n do
   ids[i], members[i] = ARGV[3 + 3 * i], ARGV[4 + 3 * i]
 end
 local held = end_leases(ids, members)
-local acks, dels = {}, {}
+-- one flat reply (a table per lease costs Redis a dozen lookups to convert)
+local out, dels = { n }, {}
 for i = 1, n do
   local status, change = ack_one(ids[i], members[i], elapsed[i], now, dels, held[i] == true)
-  acks[2 * i - 1] = status
-  acks[2 * i] = change
+  out[2 * i] = status
+  out[2 * i + 1] = change
 end
 if #dels > 0 then redis.call('DEL', unpack(dels)) end
 attribute_flush(now)
-local leases, tail, pending = {}, {}, {}
+local count_at = #out + 1
+out[count_at] = 0
+local pending, leased = {}, 0
 for i = 1, k do
   local r = lease_next(lease_ms, token .. '.' .. i, budget, now, pending)
   if r[1] ~= 'LEASED' then
-    tail = r
+    for _, x in ipairs(r) do out[#out + 1] = x end
     break
   end
-  leases[i] = r
+  leased = leased + 1
+  for j = 1, 10 do out[#out + 1] = r[j] end
 end
+out[count_at] = leased
 leases_flush(pending)
-return { acks, leases, tail }
+return out

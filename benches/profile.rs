@@ -1,0 +1,347 @@
+//! `cargo bench --bench profile`: the instructions Redis executes per
+//! delivery, counted by callgrind, which (unlike time) do not move with
+//! whatever else the machine runs. It starts `redis-server` under
+//! `valgrind --tool=callgrind` with instrumentation off, sets up each phase
+//! uninstrumented, and counts only the phase itself (`callgrind_control -i
+//! on`, zero, run, dump):
+//! - the raw pair: `RPOP` then `HINCRBY` (two plain round trips);
+//! - fair lease+ack at k = 1: a worker's loop of `ack_and_lease`, 4 clients;
+//! - fair lease+ack at k = 16: `lease_batch`, each of 4 clients acking its
+//!   16 deliveries and leasing 16 more per call;
+//!
+//! at 10 and 1,000 active tenants for the fair cases. Callgrind counts user
+//! space only: the kernel's share of each round trip (read, write, epoll),
+//! the larger part of the raw pair's cost, is not in these counts.
+//! `BENCH_ANNOTATE=1` also prints the costliest functions of each phase
+//! (inclusive; names need a `redis-server` with symbols on PATH), and
+//! `BENCH_CALLGRIND_OUT=<dir>` keeps each phase's dump there, named by
+//! phase, for `callgrind_annotate`.
+//! The last line is `RESULT ir_per_delivery_k1=<x> ir_per_delivery_k16=<y>
+//! k16_vs_k1=<y/x> raw_ir_per_cycle=<z>` (10 tenants).
+
+mod common;
+#[path = "../tests/support/mod.rs"]
+mod support;
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use common::{connect, enqueue_all, env, Q};
+use lanekeeper::envelope::Envelope;
+use lanekeeper::policy::QueuePolicy;
+use lanekeeper::store::{Lease, LeaseOutcome, Store};
+use support::process;
+
+/// Deliveries (or raw cycles) per counted phase.
+const OPS: u64 = 4_000;
+const CLIENTS: usize = 4;
+
+struct Callgrind {
+    pid: u32,
+    dir: PathBuf,
+    url: String,
+    control: PathBuf,
+    annotate: Option<PathBuf>,
+}
+
+impl Callgrind {
+    fn start() -> Self {
+        let valgrind = process::require_debian_program("valgrind", &["valgrind"]);
+        let control = process::require_debian_program("callgrind_control", &["valgrind"]);
+        let server = process::require_debian_program("redis-server", &["redis-server"]);
+        let annotate = std::env::var_os("BENCH_ANNOTATE")
+            .map(|_| process::require_debian_program("callgrind_annotate", &["valgrind"]));
+        let dir = process::scratch_dir("callgrind");
+        let port = process::free_port();
+        let mut cmd = Command::new(valgrind);
+        cmd.arg("--tool=callgrind")
+            .arg("--instr-atstart=no")
+            .arg(format!("--callgrind-out-file={}/cg.out", dir.display()))
+            .arg(server)
+            .args(["--bind", "127.0.0.1", "--port", &port.to_string()])
+            .args(["--save", "", "--appendonly", "no"])
+            .arg("--dir")
+            .arg(&dir);
+        let log = dir.join("redis.log");
+        let pid = process::spawn_server(cmd, &log);
+        let url = format!("redis://127.0.0.1:{port}/");
+        process::wait_until(
+            "redis-server under callgrind",
+            Duration::from_secs(60),
+            &log,
+            pid,
+            || {
+                redis::Client::open(url.as_str())
+                    .and_then(|c| c.get_connection())
+                    .and_then(|mut c| redis::cmd("PING").query::<String>(&mut c))
+                    .is_ok()
+            },
+        );
+        Callgrind {
+            pid,
+            dir,
+            url,
+            control,
+            annotate,
+        }
+    }
+
+    fn control(&self, args: &[&str]) {
+        let out = Command::new(&self.control)
+            .args(args)
+            .arg(self.pid.to_string())
+            .output()
+            .expect("run callgrind_control");
+        assert!(
+            out.status.success(),
+            "callgrind_control {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+
+    /// Run `phase` with instrumentation on and return the instructions
+    /// Redis executed in it (the `totals:` of its dump).
+    async fn count<F: std::future::Future<Output = ()>>(&self, label: &str, phase: F) -> u64 {
+        self.control(&["-i", "on"]);
+        self.control(&["-z"]);
+        phase.await;
+        self.control(&["-d", label]);
+        self.control(&["-i", "off"]);
+        let dump = newest_dump(&self.dir);
+        let text = std::fs::read_to_string(&dump).unwrap();
+        if let Some(keep) = std::env::var_os("BENCH_CALLGRIND_OUT") {
+            std::fs::create_dir_all(&keep).unwrap();
+            std::fs::copy(&dump, Path::new(&keep).join(format!("{label}.callgrind"))).unwrap();
+        }
+        if let Some(annotate) = &self.annotate {
+            let out = Command::new(annotate)
+                .args(["--inclusive=yes", "--threshold=90"])
+                .arg(&dump)
+                .output()
+                .unwrap();
+            let text = String::from_utf8_lossy(&out.stdout);
+            for line in text.lines().filter(|l| l.contains(" (")).take(30) {
+                println!("    {line}");
+            }
+        }
+        text.lines()
+            .find_map(|l| {
+                l.strip_prefix("totals:")
+                    .or_else(|| l.strip_prefix("summary:"))
+            })
+            .and_then(|v| v.split_whitespace().next()?.parse().ok())
+            .unwrap_or_else(|| panic!("no totals in {}", dump.display()))
+    }
+}
+
+impl Drop for Callgrind {
+    fn drop(&mut self) {
+        process::signal(self.pid, libc::SIGKILL);
+    }
+}
+
+fn newest_dump(dir: &Path) -> PathBuf {
+    std::fs::read_dir(dir)
+        .unwrap()
+        .filter_map(|e| e.ok())
+        .map(|e| e.path())
+        .filter(|p| {
+            p.file_name()
+                .unwrap()
+                .to_string_lossy()
+                .starts_with("cg.out.")
+        })
+        .max_by_key(|p| std::fs::metadata(p).unwrap().modified().unwrap())
+        .expect("callgrind wrote a dump")
+}
+
+/// A queue of `tenants` tenants with enough backlog for OPS deliveries.
+async fn backlog(url: &str, tenants: u64) -> Store {
+    static RUN: AtomicU64 = AtomicU64::new(0);
+    let set = format!("profile{tenants}-{}", RUN.fetch_add(1, Ordering::Relaxed));
+    let s = connect(url, &set).await;
+    s.configure_queue(Q, &QueuePolicy::default()).await.unwrap();
+    let per = (2 * OPS / tenants).max(2);
+    let envs: Vec<Envelope> = (0..per)
+        .flat_map(|i| (0..tenants).map(move |t| env(&format!("t{t}"), i)))
+        .collect();
+    enqueue_all(&s, envs).await;
+    s
+}
+
+/// CLIENTS connections to the queue of `set` (made before a counted
+/// phase: connecting checks the server's settings).
+async fn clients(url: &str, set: &Store) -> Vec<Store> {
+    let mut out = Vec::new();
+    for _ in 0..CLIENTS {
+        out.push(
+            Store::connect(url, set.set().clone(), Default::default())
+                .await
+                .unwrap(),
+        );
+    }
+    out
+}
+
+/// Deliveries `k` at a time from the clients until OPS are acked.
+async fn deliver(clients: Vec<Store>, k: usize) {
+    let left = Arc::new(AtomicU64::new(OPS));
+    let mut tasks = Vec::new();
+    for (c, store) in clients.into_iter().enumerate() {
+        let left = left.clone();
+        tasks.push(tokio::spawn(async move {
+            let worker = format!("p{c}");
+            let lease_for = Duration::from_secs(600);
+            let mut held: Vec<Lease> = Vec::new();
+            loop {
+                let want = left
+                    .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| {
+                        Some(n - n.min(k as u64))
+                    })
+                    .map(|n| n.min(k as u64))
+                    .unwrap() as usize;
+                if want == 0 && held.is_empty() {
+                    break;
+                }
+                let elapsed = Duration::from_millis(20);
+                let leased = if k == 1 {
+                    // a worker's loop: ack and lease the next in one call
+                    match (held.pop(), want) {
+                        (Some(l), 1) => {
+                            let (acked, next) = store
+                                .ack_and_lease(&l, elapsed, &worker, lease_for)
+                                .await
+                                .unwrap();
+                            assert!(acked.acked);
+                            match next {
+                                LeaseOutcome::Leased(l) => vec![l],
+                                _ => vec![],
+                            }
+                        }
+                        (Some(l), _) => {
+                            assert!(store.ack(&l, elapsed).await.unwrap());
+                            vec![]
+                        }
+                        (None, _) => match store.lease(Q, &worker, lease_for).await.unwrap() {
+                            LeaseOutcome::Leased(l) => vec![l],
+                            _ => vec![],
+                        },
+                    }
+                } else {
+                    let done: Vec<_> = held.iter().map(|l| (l, elapsed)).collect();
+                    let b = store
+                        .lease_batch(Q, &done, want, &worker, lease_for)
+                        .await
+                        .unwrap();
+                    assert!(b.acked.iter().all(|a| a.acked));
+                    held.clear();
+                    b.leased
+                };
+                // what was claimed and not leased goes back to be claimed again
+                left.fetch_add((want - leased.len()) as u64, Ordering::Relaxed);
+                held.extend(leased);
+            }
+        }));
+    }
+    for t in tasks {
+        t.await.unwrap();
+    }
+}
+
+/// OPS cycles of `RPOP` then `HINCRBY` from CLIENTS clients.
+async fn raw(url: &str) {
+    let client = redis::Client::open(url).unwrap();
+    let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+    let mut pipe = redis::pipe();
+    for i in 0..OPS {
+        pipe.rpush(
+            "profile:raw",
+            format!("{{\"n\":{i},\"body\":\"{}\"}}", "x".repeat(200)),
+        )
+        .ignore();
+    }
+    pipe.query_async::<()>(&mut conn).await.unwrap();
+}
+
+async fn raw_clients(url: &str) -> Vec<redis::aio::MultiplexedConnection> {
+    let client = redis::Client::open(url).unwrap();
+    let mut out = Vec::new();
+    for _ in 0..CLIENTS {
+        out.push(client.get_multiplexed_async_connection().await.unwrap());
+    }
+    out
+}
+
+async fn raw_cycles(conns: Vec<redis::aio::MultiplexedConnection>) {
+    let left = Arc::new(AtomicU64::new(OPS));
+    let mut tasks = Vec::new();
+    for mut conn in conns {
+        let left = left.clone();
+        tasks.push(tokio::spawn(async move {
+            while left
+                .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| n.checked_sub(1))
+                .is_ok()
+            {
+                let m: Option<String> = redis::cmd("RPOP")
+                    .arg("profile:raw")
+                    .query_async(&mut conn)
+                    .await
+                    .unwrap();
+                assert!(m.is_some());
+                let _: i64 = redis::cmd("HINCRBY")
+                    .arg("profile:acks")
+                    .arg("t")
+                    .arg(1)
+                    .query_async(&mut conn)
+                    .await
+                    .unwrap();
+            }
+        }));
+    }
+    for t in tasks {
+        t.await.unwrap();
+    }
+}
+
+fn main() {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let cg = Callgrind::start();
+    let url = cg.url.clone();
+    rt.block_on(async {
+        raw(&url).await;
+        let conns = raw_clients(&url).await;
+        let raw_ir = cg.count("raw", raw_cycles(conns)).await as f64 / OPS as f64;
+        println!("raw RPOP+HINCRBY: {raw_ir:>9.0} instructions per cycle");
+        let mut per = Vec::new();
+        for tenants in [10u64, 1_000] {
+            for k in [1usize, 16] {
+                let s = backlog(&url, tenants).await;
+                let c = clients(&url, &s).await;
+                let ir = cg
+                    .count(&format!("k{k}-{tenants}"), deliver(c, k))
+                    .await as f64
+                    / OPS as f64;
+                println!(
+                    "fair k={k:>2}, {tenants:>5} tenants: {ir:>9.0} instructions per delivery ({:.2}x raw)",
+                    ir / raw_ir
+                );
+                per.push(ir);
+                s.purge_set().await.unwrap();
+            }
+        }
+        println!(
+            "RESULT ir_per_delivery_k1={:.0} ir_per_delivery_k16={:.0} k16_vs_k1={:.3} raw_ir_per_cycle={raw_ir:.0}",
+            per[0],
+            per[1],
+            per[1] / per[0]
+        );
+    });
+    drop(cg);
+    support::process::stop_all();
+}
