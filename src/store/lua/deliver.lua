@@ -89,10 +89,12 @@ local function leases_flush(pending)
   for i = #pending, 1, -1 do pending[i] = nil end
 end
 
--- Lease the next envelope by deficit round robin.
+-- Lease the next envelope by deficit round robin, looking at most `budget`
+-- tenants at the ring's head.
 -- Returns {'LEASED', id, tenant, payload, attempts, seq, token, deadline_ms, enqueued_ms}
 --       | {'EMPTY', wait_ms} (nothing eligible; wait_ms until the next retry or lease deadline is due)
---       | {'AGAIN'} (the scan budget ran out while crediting tenants; call again at once).
+--       | {'AGAIN'} (the scan budget ran out while crediting tenants; call again at once),
+-- and, second, how many of the budget's steps it took.
 -- Due retries and expired leases are handled here at most every 100 ms while
 -- the queue is busy (workers also call `maintain` on a timer), and always
 -- before answering EMPTY, so an idle queue recovers at once.
@@ -105,7 +107,7 @@ local function lease_next(lease_ms, token, budget, now, pending)
     maintained = true
   end
 
-  for _ = 1, budget do
+  for step = 1, budget do
     local t = redis.call('LINDEX', RING, '0')
     if not t and not maintained then
       maintain_queue(now)
@@ -122,7 +124,7 @@ local function lease_next(lease_ms, token, budget, now, pending)
         local first = redis.call('ZRANGE', z, 0, 0, 'WITHSCORES')
         if first[2] then wait = math.min(wait, tonumber(first[2]) - now) end
       end
-      return { 'EMPTY', math.max(wait, 1) }
+      return { 'EMPTY', math.max(wait, 1) }, step
     end
     local tk = tkey(t)
     local st = redis.call('HMGET', tk, 'd', 'f', 'e', 'bw', 'b', 'pz', 'tr', 'tk', 'tu', 'up')
@@ -248,13 +250,13 @@ local function lease_next(lease_ms, token, budget, now, pending)
           ep_after(t, lep, lv + e, lf + 1, cap)
         end
         reposition(t, tk, d, f, e, b, set, tr, cap)
-        return { 'LEASED', id, t, env[1], env[2], env[3], member, deadline, env[4], change }
+        return { 'LEASED', id, t, env[1], env[2], env[3], member, deadline, env[4], change }, step
       end
     else
       reposition(t, tk, d, f, 0, b, {}, tr, cap)
     end
   end
-  return { 'AGAIN' }
+  return { 'AGAIN' }, budget
 end
 
 -- Acknowledge a delivery. Returns 'OK', or 'STALE' when the lease is gone

@@ -3,7 +3,9 @@
 -- ARGV: lease_ms, token, budget, k, n, then n triples (id, lease, elapsed_us):
 -- acks the n deliveries, then leases up to k envelopes, each by its own turn
 -- of deficit round robin, in one round trip (a worker with k free slots).
--- The tenants served are those k lease calls in a row would serve. Each
+-- The tenants served are those k lease calls in a row would serve (while
+-- the scan budget, shared by the batch, lasts: past it the batch answers
+-- AGAIN, as a single lease whose scan ran out does). Each
 -- lease's token is `token` followed by '.' and its place in the batch.
 -- Returns one flat array: n, then the n {status, change} pairs as in
 -- ack.lua; m, then the m LEASED replies (see lease_next, 10 items each) of
@@ -39,9 +41,12 @@ if #dels > 0 then redis.call('DEL', unpack(dels)) end
 attribute_flush(now)
 local count_at = #out + 1
 out[count_at] = 0
-local pending, leased = {}, 0
+-- the scan budget is the batch's, not each lease's: a batch looks at no
+-- more tenants than one lease may, so its time is bounded whatever k
+local pending, leased, left = {}, 0, budget
 for i = 1, k do
-  local r = lease_next(lease_ms, token .. '.' .. i, budget, now, pending)
+  local r, steps = lease_next(lease_ms, token .. '.' .. i, left, now, pending)
+  left = left - steps
   if r[1] ~= 'LEASED' then
     for _, x in ipairs(r) do out[#out + 1] = x end
     break
