@@ -61,6 +61,11 @@ pub(crate) fn wait_histogram() -> Histogram {
     Histogram::new(exponential_buckets(0.001, 2.0, 25))
 }
 
+fn batch_histogram() -> Histogram {
+    // 1 to 64 (`store::LEASE_BATCH_MAX`)
+    Histogram::new(exponential_buckets(1.0, 2.0, 7))
+}
+
 fn duration_histogram() -> Histogram {
     // 1 ms to about 65 s
     Histogram::new(exponential_buckets(0.001, 2.0, 17))
@@ -84,6 +89,9 @@ pub struct WorkerMetrics {
     /// Tenants whose idle state this worker's sweep steps deleted
     /// (`scheduler.sweepIdleTenantsAfter`): sum over the queue's workers.
     pub tenants_swept: Family<QueueLabels, Counter>,
+    /// Deliveries asked for per batched ack-and-lease call (the worker's
+    /// free slots at the time; see `worker::batcher`).
+    pub lease_batch: HistogramFamily<QueueLabels>,
 }
 
 impl WorkerMetrics {
@@ -98,6 +106,8 @@ impl WorkerMetrics {
         let in_flight = Family::<QueueLabels, Gauge>::default();
         let dead_letters_dropped = Family::<QueueLabels, Gauge>::default();
         let tenants_swept = Family::<QueueLabels, Counter>::default();
+        let lease_batch: HistogramFamily<QueueLabels> =
+            Family::new_with_constructor(batch_histogram);
         registry.register(
             "lanekeeper_queue_wait_seconds",
             "Time from enqueue to lease, per tenant (capped; the rest are tenant=\"other\")",
@@ -133,6 +143,11 @@ impl WorkerMetrics {
             "Idle tenants whose per-queue state this worker's sweep deleted (scheduler.sweepIdleTenantsAfter)",
             tenants_swept.clone(),
         );
+        registry.register(
+            "lanekeeper_lease_batch_size",
+            "Deliveries asked for per batched ack-and-lease call to Redis (the worker's slots free at the time)",
+            lease_batch.clone(),
+        );
         Self {
             registry: Arc::new(registry),
             tenants: TenantLabeler::new(tenant_label_cap),
@@ -143,6 +158,7 @@ impl WorkerMetrics {
             in_flight,
             dead_letters_dropped,
             tenants_swept,
+            lease_batch,
         }
     }
 

@@ -56,6 +56,27 @@ async fn deliveries_are_signed_with_every_secret_and_all_arrive() {
         metrics.contains("lanekeeper_delivery_duration_seconds_bucket"),
         "{metrics}"
     );
+    // every lease went through a batched call: the calls asked for at
+    // least the 300 delivered
+    let series = |name: &str| -> f64 {
+        let prefix = format!("{name}{{queue=\"shard-00\"}} ");
+        metrics
+            .lines()
+            .find_map(|l| l.strip_prefix(prefix.as_str()))
+            .unwrap_or_else(|| panic!("no {name}: {metrics}"))
+            .trim()
+            .parse()
+            .unwrap()
+    };
+    let (calls, asked) = (
+        series("lanekeeper_lease_batch_size_count"),
+        series("lanekeeper_lease_batch_size_sum"),
+    );
+    assert!(
+        asked >= 300.0 && calls >= 1.0,
+        "calls {calls}, asked {asked}"
+    );
+    eprintln!("lease batches: {calls} calls asked for {asked} deliveries");
     stop(pid);
 }
 

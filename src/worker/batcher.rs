@@ -10,6 +10,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use prometheus_client::metrics::histogram::Histogram;
 use tokio::sync::{mpsc, oneshot};
 
 use crate::routing::QueueId;
@@ -32,10 +33,17 @@ pub(super) struct Batcher {
 }
 
 impl Batcher {
-    /// Start the batching task of queue `q` for the worker `worker`.
-    pub(super) fn start(store: Store, q: QueueId, worker: String, lease_for: Duration) -> Self {
+    /// Start the batching task of queue `q` for the worker `worker`; each
+    /// call's size goes to `sizes`.
+    pub(super) fn start(
+        store: Store,
+        q: QueueId,
+        worker: String,
+        lease_for: Duration,
+        sizes: Histogram,
+    ) -> Self {
         let (tx, rx) = mpsc::unbounded_channel();
-        tokio::spawn(run(store, q, worker, lease_for, rx));
+        tokio::spawn(run(store, q, worker, lease_for, sizes, rx));
         Batcher { tx }
     }
 
@@ -59,11 +67,13 @@ async fn run(
     q: QueueId,
     worker: String,
     lease_for: Duration,
+    sizes: Histogram,
     mut rx: mpsc::UnboundedReceiver<Request>,
 ) {
     let mut waiting = Vec::with_capacity(LEASE_BATCH_MAX);
     while rx.recv_many(&mut waiting, LEASE_BATCH_MAX).await > 0 {
         let batch: Vec<Request> = std::mem::take(&mut waiting);
+        sizes.observe(batch.len() as f64);
         let done: Vec<(&Lease, Duration)> = batch
             .iter()
             .filter_map(|r| r.done.as_ref().map(|(l, d)| (l, *d)))

@@ -118,6 +118,12 @@ pub async fn run(
         config.queue,
         config.worker_id.clone(),
         config.lease_for(),
+        metrics
+            .lease_batch
+            .get_or_create(&QueueLabels {
+                queue: config.queue.to_string(),
+            })
+            .clone(),
     );
     let shared = Arc::new(Shared {
         queue_label: config.queue.to_string(),
