@@ -5,7 +5,8 @@
 //! uninstrumented, and counts only the phase itself (`callgrind_control -i
 //! on`, zero, run, dump):
 //! - the raw pair: `RPOP` then `HINCRBY` (two plain round trips);
-//! - fair lease+ack at k = 1: a worker's loop of `ack_and_lease`, 4 clients;
+//! - fair lease+ack at k = 1: a worker's loop of `ack_and_lease`, 4 clients
+//!   (4 leases in flight);
 //! - fair lease+ack at k = 16: `lease_batch`, each of 4 clients acking its
 //!   16 deliveries and leasing 16 more per call;
 //!
@@ -25,14 +26,10 @@ mod support;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
 use std::time::Duration;
 
-use common::{connect, enqueue_all, env, Q};
-use lanekeeper::envelope::Envelope;
+use common::{backlog, raw_backlog, raw_connections, raw_pair, run_batched, run_fair};
 use lanekeeper::policy::QueuePolicy;
-use lanekeeper::store::{Lease, LeaseOutcome, Store};
 use support::process;
 
 /// Deliveries (or raw cycles) per counted phase.
@@ -158,154 +155,6 @@ fn newest_dump(dir: &Path) -> PathBuf {
         .expect("callgrind wrote a dump")
 }
 
-/// A queue of `tenants` tenants with enough backlog for OPS deliveries.
-async fn backlog(url: &str, tenants: u64) -> Store {
-    static RUN: AtomicU64 = AtomicU64::new(0);
-    let set = format!("profile{tenants}-{}", RUN.fetch_add(1, Ordering::Relaxed));
-    let s = connect(url, &set).await;
-    s.configure_queue(Q, &QueuePolicy::default()).await.unwrap();
-    let per = (2 * OPS / tenants).max(2);
-    let envs: Vec<Envelope> = (0..per)
-        .flat_map(|i| (0..tenants).map(move |t| env(&format!("t{t}"), i)))
-        .collect();
-    enqueue_all(&s, envs).await;
-    s
-}
-
-/// CLIENTS connections to the queue of `set` (made before a counted
-/// phase: connecting checks the server's settings).
-async fn clients(url: &str, set: &Store) -> Vec<Store> {
-    let mut out = Vec::new();
-    for _ in 0..CLIENTS {
-        out.push(
-            Store::connect(url, set.set().clone(), Default::default())
-                .await
-                .unwrap(),
-        );
-    }
-    out
-}
-
-/// Deliveries `k` at a time from the clients until OPS are acked.
-async fn deliver(clients: Vec<Store>, k: usize) {
-    let left = Arc::new(AtomicU64::new(OPS));
-    let mut tasks = Vec::new();
-    for (c, store) in clients.into_iter().enumerate() {
-        let left = left.clone();
-        tasks.push(tokio::spawn(async move {
-            let worker = format!("p{c}");
-            let lease_for = Duration::from_secs(600);
-            let mut held: Vec<Lease> = Vec::new();
-            loop {
-                let want = left
-                    .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| {
-                        Some(n - n.min(k as u64))
-                    })
-                    .map(|n| n.min(k as u64))
-                    .unwrap() as usize;
-                if want == 0 && held.is_empty() {
-                    break;
-                }
-                let elapsed = Duration::from_millis(20);
-                let leased = if k == 1 {
-                    // a worker's loop: ack and lease the next in one call
-                    match (held.pop(), want) {
-                        (Some(l), 1) => {
-                            let (acked, next) = store
-                                .ack_and_lease(&l, elapsed, &worker, lease_for)
-                                .await
-                                .unwrap();
-                            assert!(acked.acked);
-                            match next {
-                                LeaseOutcome::Leased(l) => vec![l],
-                                _ => vec![],
-                            }
-                        }
-                        (Some(l), _) => {
-                            assert!(store.ack(&l, elapsed).await.unwrap());
-                            vec![]
-                        }
-                        (None, _) => match store.lease(Q, &worker, lease_for).await.unwrap() {
-                            LeaseOutcome::Leased(l) => vec![l],
-                            _ => vec![],
-                        },
-                    }
-                } else {
-                    let done: Vec<_> = held.iter().map(|l| (l, elapsed)).collect();
-                    let b = store
-                        .lease_batch(Q, &done, want, &worker, lease_for)
-                        .await
-                        .unwrap();
-                    assert!(b.acked.iter().all(|a| a.acked));
-                    held.clear();
-                    b.leased
-                };
-                // what was claimed and not leased goes back to be claimed again
-                left.fetch_add((want - leased.len()) as u64, Ordering::Relaxed);
-                held.extend(leased);
-            }
-        }));
-    }
-    for t in tasks {
-        t.await.unwrap();
-    }
-}
-
-/// OPS cycles of `RPOP` then `HINCRBY` from CLIENTS clients.
-async fn raw(url: &str) {
-    let client = redis::Client::open(url).unwrap();
-    let mut conn = client.get_multiplexed_async_connection().await.unwrap();
-    let mut pipe = redis::pipe();
-    for i in 0..OPS {
-        pipe.rpush(
-            "profile:raw",
-            format!("{{\"n\":{i},\"body\":\"{}\"}}", "x".repeat(200)),
-        )
-        .ignore();
-    }
-    pipe.query_async::<()>(&mut conn).await.unwrap();
-}
-
-async fn raw_clients(url: &str) -> Vec<redis::aio::MultiplexedConnection> {
-    let client = redis::Client::open(url).unwrap();
-    let mut out = Vec::new();
-    for _ in 0..CLIENTS {
-        out.push(client.get_multiplexed_async_connection().await.unwrap());
-    }
-    out
-}
-
-async fn raw_cycles(conns: Vec<redis::aio::MultiplexedConnection>) {
-    let left = Arc::new(AtomicU64::new(OPS));
-    let mut tasks = Vec::new();
-    for mut conn in conns {
-        let left = left.clone();
-        tasks.push(tokio::spawn(async move {
-            while left
-                .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| n.checked_sub(1))
-                .is_ok()
-            {
-                let m: Option<String> = redis::cmd("RPOP")
-                    .arg("profile:raw")
-                    .query_async(&mut conn)
-                    .await
-                    .unwrap();
-                assert!(m.is_some());
-                let _: i64 = redis::cmd("HINCRBY")
-                    .arg("profile:acks")
-                    .arg("t")
-                    .arg(1)
-                    .query_async(&mut conn)
-                    .await
-                    .unwrap();
-            }
-        }));
-    }
-    for t in tasks {
-        t.await.unwrap();
-    }
-}
-
 fn main() {
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -314,25 +163,32 @@ fn main() {
     let cg = Callgrind::start();
     let url = cg.url.clone();
     rt.block_on(async {
-        raw(&url).await;
-        let conns = raw_clients(&url).await;
-        let raw_ir = cg.count("raw", raw_cycles(conns)).await as f64 / OPS as f64;
+        raw_backlog(&url, "profile:raw", OPS).await;
+        let conns = raw_connections(&url, CLIENTS).await;
+        let raw_ir = cg
+            .count("raw", raw_pair(conns, "profile:raw", OPS))
+            .await as f64
+            / OPS as f64;
         println!("raw RPOP+HINCRBY: {raw_ir:>9.0} instructions per cycle");
         let mut per = Vec::new();
         for tenants in [10u64, 1_000] {
             for k in [1usize, 16] {
-                let s = backlog(&url, tenants).await;
-                let c = clients(&url, &s).await;
-                let ir = cg
-                    .count(&format!("k{k}-{tenants}"), deliver(c, k))
-                    .await as f64
+                // set up uninstrumented, clients connected before the count
+                let (admin, clients) =
+                    backlog(&url, tenants, &QueuePolicy::default(), OPS, CLIENTS).await;
+                let label = format!("k{k}-{tenants}");
+                let ir = if k == 1 {
+                    cg.count(&label, run_fair(clients, OPS)).await
+                } else {
+                    cg.count(&label, run_batched(clients, k, OPS)).await
+                } as f64
                     / OPS as f64;
                 println!(
                     "fair k={k:>2}, {tenants:>5} tenants: {ir:>9.0} instructions per delivery ({:.2}x raw)",
                     ir / raw_ir
                 );
                 per.push(ir);
-                s.purge_set().await.unwrap();
+                admin.purge_set().await.unwrap();
             }
         }
         println!(

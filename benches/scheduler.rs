@@ -31,72 +31,22 @@ mod common;
 #[path = "../tests/support/mod.rs"]
 mod support;
 
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use common::{
-    connect, enqueue_all, env, fair, fair_batched, fair_with, measure, Rate, CLIENTS, CYCLES,
+    connect, enqueue_all, env, fair, fair_batched, fair_with, measure, raw_backlog,
+    raw_connections, raw_pair, Rate, CLIENTS, CYCLES,
 };
 use lanekeeper::envelope::Envelope;
 use lanekeeper::policy::{Isolation, QueuePolicy, RateLimit, RateLimits};
 
 /// The floor: RPOP from one FIFO list, then HINCRBY, per message.
 async fn raw(url: &str) -> Rate {
-    let client = redis::Client::open(url).unwrap();
-    let mut conn = client.get_multiplexed_async_connection().await.unwrap();
     let key = "bench:raw:fifo";
-    let _: () = redis::cmd("DEL")
-        .arg(key)
-        .query_async(&mut conn)
-        .await
-        .unwrap();
-    for chunk in 0..(2 * CYCLES / 1000) {
-        let mut pipe = redis::pipe();
-        for i in 0..1000 {
-            pipe.rpush(
-                key,
-                format!(
-                    "{{\"n\":{},\"body\":\"{}\"}}",
-                    chunk * 1000 + i,
-                    "x".repeat(200)
-                ),
-            )
-            .ignore();
-        }
-        pipe.query_async::<()>(&mut conn).await.unwrap();
-    }
-    let mut conns = Vec::new();
-    for _ in 0..CLIENTS {
-        conns.push(client.get_multiplexed_async_connection().await.unwrap());
-    }
-    let done = Arc::new(AtomicU64::new(0));
-    let phase = async move {
-        let mut tasks = Vec::new();
-        for mut conn in conns {
-            let done = done.clone();
-            tasks.push(tokio::spawn(async move {
-                while done.fetch_add(1, Ordering::Relaxed) < CYCLES {
-                    let msg: Option<String> = redis::cmd("RPOP")
-                        .arg(key)
-                        .query_async(&mut conn)
-                        .await
-                        .unwrap();
-                    assert!(msg.is_some());
-                    let _: i64 = redis::cmd("HINCRBY")
-                        .arg("bench:raw:acks")
-                        .arg("t")
-                        .arg(1)
-                        .query_async(&mut conn)
-                        .await
-                        .unwrap();
-                }
-            }));
-        }
-        for t in tasks {
-            t.await.unwrap();
-        }
-    };
-    measure(url, CYCLES, phase).await
+    // twice what the phase pops, as before (the list's length moves its cost little)
+    raw_backlog(url, key, 2 * CYCLES).await;
+    let conns = raw_connections(url, CLIENTS).await;
+    measure(url, CYCLES, raw_pair(conns, key, CYCLES)).await
 }
 
 /// The enqueue floor: each envelope as `LPUSH` of its id and `HSET` of its

@@ -93,26 +93,39 @@ pub async fn fair(url: &str, tenants: u64) -> Rate {
     fair_with(url, tenants, &QueuePolicy::default()).await
 }
 
-/// Lease+ack cycles with CLIENTS concurrent clients under `policy`.
-pub async fn fair_with(url: &str, tenants: u64, policy: &QueuePolicy) -> Rate {
-    // A set of its own per run: envelope ids repeat between runs.
+/// A set of its own (envelope ids repeat between runs) whose queue `Q`
+/// has `tenants` active tenants under `policy`, with enough backlog that
+/// every tenant stays active for `ops` deliveries, and `clients`
+/// connections to it. Returns the admin connection (purge the set with it
+/// afterwards: what a run leaves queued would only grow the keyspace the
+/// next run works in) and the clients.
+pub async fn backlog(
+    url: &str,
+    tenants: u64,
+    policy: &QueuePolicy,
+    ops: u64,
+    clients: usize,
+) -> (Store, Vec<Store>) {
     static RUN: AtomicU64 = AtomicU64::new(0);
     let set = format!("fair{tenants}-{}", RUN.fetch_add(1, Ordering::Relaxed));
     let admin = connect(url, &set).await;
     admin.configure_queue(Q, policy).await.unwrap();
-    // Enough backlog that every tenant stays active for the whole run.
-    let per = (2 * CYCLES / tenants).max(2);
+    let per = (2 * ops / tenants).max(2);
     let envs: Vec<Envelope> = (0..per)
         .flat_map(|i| (0..tenants).map(move |t| env(&format!("t{t}"), i)))
         .collect();
     enqueue_all(&admin, envs).await;
-    let mut clients = Vec::new();
-    for _ in 0..CLIENTS {
-        clients.push(connect(url, &set).await);
+    let mut stores = Vec::new();
+    for _ in 0..clients {
+        stores.push(connect(url, &set).await);
     }
-    let rate = measure(url, CYCLES, run_fair(clients)).await;
-    // What the run left queued would only grow the keyspace the next
-    // run works in.
+    (admin, stores)
+}
+
+/// Lease+ack cycles with CLIENTS concurrent clients under `policy`.
+pub async fn fair_with(url: &str, tenants: u64, policy: &QueuePolicy) -> Rate {
+    let (admin, clients) = backlog(url, tenants, policy, CYCLES, CLIENTS).await;
+    let rate = measure(url, CYCLES, run_fair(clients, CYCLES)).await;
     admin.purge_set().await.unwrap();
     rate
 }
@@ -127,27 +140,17 @@ pub async fn fair_batched(
     clients: usize,
     k: usize,
 ) -> Rate {
-    static RUN: AtomicU64 = AtomicU64::new(0);
-    let set = format!("batch{tenants}-{}", RUN.fetch_add(1, Ordering::Relaxed));
-    let admin = connect(url, &set).await;
-    admin.configure_queue(Q, policy).await.unwrap();
-    let per = (2 * CYCLES / tenants).max(2);
-    let envs: Vec<Envelope> = (0..per)
-        .flat_map(|i| (0..tenants).map(move |t| env(&format!("t{t}"), i)))
-        .collect();
-    enqueue_all(&admin, envs).await;
-    let mut stores = Vec::new();
-    for _ in 0..clients {
-        stores.push(connect(url, &set).await);
-    }
-    let rate = measure(url, CYCLES, run_batched(stores, k)).await;
+    let (admin, stores) = backlog(url, tenants, policy, CYCLES, clients).await;
+    let rate = measure(url, CYCLES, run_batched(stores, k, CYCLES)).await;
     admin.purge_set().await.unwrap();
     rate
 }
 
-async fn run_batched(clients: Vec<Store>, k: usize) {
+/// `ops` deliveries from the clients, each acking the deliveries it holds
+/// and leasing up to `k` more per [`Store::lease_batch`] call.
+pub async fn run_batched(clients: Vec<Store>, k: usize, ops: u64) {
     // deliveries still to lease, claimed up to k at a time
-    let left = Arc::new(AtomicU64::new(CYCLES));
+    let left = Arc::new(AtomicU64::new(ops));
     let mut tasks = Vec::new();
     for (c, store) in clients.into_iter().enumerate() {
         let left = left.clone();
@@ -192,7 +195,9 @@ async fn run_batched(clients: Vec<Store>, k: usize) {
     }
 }
 
-async fn run_fair(clients: Vec<Store>) {
+/// `ops` lease+ack cycles from the clients, each a worker's loop: lease,
+/// deliver, then ack and lease the next in one call (`ack_and_lease`).
+pub async fn run_fair(clients: Vec<Store>, ops: u64) {
     let done = Arc::new(AtomicU64::new(0));
     let mut tasks = Vec::new();
     for (c, store) in clients.into_iter().enumerate() {
@@ -204,9 +209,8 @@ async fn run_fair(clients: Vec<Store>) {
                 LeaseOutcome::Leased(l) => l,
                 other => panic!("backlog ran out: {other:?}"),
             };
-            // A worker's loop: lease, deliver, then ack and lease the next in one call.
             let mut held = leased(store.lease(Q, &worker, lease_for).await.unwrap());
-            while done.fetch_add(1, Ordering::Relaxed) + 1 < CYCLES {
+            while done.fetch_add(1, Ordering::Relaxed) + 1 < ops {
                 let (acked, next) = store
                     .ack_and_lease(&held, Duration::from_millis(20), &worker, lease_for)
                     .await
@@ -220,6 +224,71 @@ async fn run_fair(clients: Vec<Store>) {
     for t in tasks {
         t.await.unwrap();
     }
+}
+
+/// `ops` cycles of the raw pair over `conns`: `RPOP` from the list `key`
+/// (which must hold them), then `HINCRBY`, two plain round trips each.
+pub async fn raw_pair(conns: Vec<redis::aio::MultiplexedConnection>, key: &'static str, ops: u64) {
+    let left = Arc::new(AtomicU64::new(ops));
+    let mut tasks = Vec::new();
+    for mut conn in conns {
+        let left = left.clone();
+        tasks.push(tokio::spawn(async move {
+            while left
+                .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| n.checked_sub(1))
+                .is_ok()
+            {
+                let msg: Option<String> = redis::cmd("RPOP")
+                    .arg(key)
+                    .query_async(&mut conn)
+                    .await
+                    .unwrap();
+                assert!(msg.is_some());
+                let _: i64 = redis::cmd("HINCRBY")
+                    .arg(format!("{key}:acks"))
+                    .arg("t")
+                    .arg(1)
+                    .query_async(&mut conn)
+                    .await
+                    .unwrap();
+            }
+        }));
+    }
+    for t in tasks {
+        t.await.unwrap();
+    }
+}
+
+/// Fill the list `key` with `n` 200-byte messages for [`raw_pair`].
+pub async fn raw_backlog(url: &str, key: &str, n: u64) {
+    let client = redis::Client::open(url).unwrap();
+    let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+    let _: () = redis::cmd("DEL")
+        .arg(key)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    for chunk in 0..n.div_ceil(1000) {
+        let mut pipe = redis::pipe();
+        for i in (chunk * 1000)..((chunk + 1) * 1000).min(n) {
+            pipe.rpush(
+                key,
+                format!("{{\"n\":{i},\"body\":\"{}\"}}", "x".repeat(200)),
+            )
+            .ignore();
+        }
+        pipe.query_async::<()>(&mut conn).await.unwrap();
+    }
+}
+
+/// `n` connections to `url`.
+pub async fn raw_connections(url: &str, n: usize) -> Vec<redis::aio::MultiplexedConnection> {
+    let client = redis::Client::open(url).unwrap();
+    let mut conns = Vec::new();
+    for _ in 0..n {
+        conns.push(client.get_multiplexed_async_connection().await.unwrap());
+    }
+    conns
 }
 
 async fn redis_admin(url: &str, args: &[&str]) -> String {
