@@ -2383,3 +2383,8 @@ async fn weights_hold_in_batches() {
 async fn a_hostile_batch_settles_nothing_twice() {
     support::batch::a_hostile_batch_settles_nothing_twice(&support::redis::shared().url).await;
 }
+
+#[tokio::test]
+async fn a_batch_scans_no_more_than_one_lease_may() {
+    support::batch::a_batch_scans_no_more_than_one_lease_may(&support::redis::shared().url).await;
+}

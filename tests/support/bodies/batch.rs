@@ -296,3 +296,45 @@ pub async fn a_hostile_batch_settles_nothing_twice(url: &str) {
     let last = s.lease_batch(Q, &[(held, d)], 0, "w", LEASE).await.unwrap();
     assert!(last.acked[0].acked, "the malformed calls acked nothing");
 }
+
+/// A batch looks at no more tenants than one lease may (the scan budget,
+/// 256, is the batch's): with one tenant whose deliveries cost 200 quanta,
+/// each lease takes about 200 steps of crediting, so a single lease finds
+/// one envelope per call, and a batch of 64 must not find 64 in one call
+/// (some 13,000 steps, one long stall of Redis) but stop short with AGAIN.
+pub async fn a_batch_scans_no_more_than_one_lease_may(url: &str) {
+    let s = store(
+        url,
+        QueuePolicy {
+            quantum_seconds: 0.001,
+            max_in_flight: 100,
+            ..Default::default()
+        },
+    )
+    .await;
+    fill(&s, Q, "costly", 200).await;
+    // teach the queue the tenant's cost: 200 ms a delivery, 200 quanta
+    let mut taught = 0;
+    while taught < 30 {
+        match s.lease(Q, "w", LEASE).await.unwrap() {
+            LeaseOutcome::Leased(l) => {
+                assert!(s.ack(&l, Duration::from_millis(200)).await.unwrap());
+                taught += 1;
+            }
+            LeaseOutcome::Again => {}
+            other => panic!("{other:?}"),
+        }
+    }
+    let mut leased = 0;
+    for _ in 0..3 {
+        let batch = s.lease_batch(Q, &[], 64, "w", LEASE).await.unwrap();
+        leased += batch.leased.len();
+        assert!(
+            batch.leased.len() <= 2,
+            "one call leased {} envelopes that cost 200 steps each",
+            batch.leased.len()
+        );
+        assert_eq!(batch.short, Some(LeaseOutcome::Again));
+    }
+    assert!(leased >= 1, "the batches still make progress");
+}
