@@ -113,6 +113,7 @@ pub async fn run(
     if !present {
         warn!(set = %store.set(), "the routing table is missing from Redis (Redis lost its state, or the set is new): not leasing until the controller writes it");
     }
+    let queue_label = config.queue.to_string();
     let batcher = batcher::Batcher::start(
         store.clone(),
         config.queue,
@@ -121,12 +122,12 @@ pub async fn run(
         metrics
             .lease_batch
             .get_or_create(&QueueLabels {
-                queue: config.queue.to_string(),
+                queue: queue_label.clone(),
             })
             .clone(),
     );
     let shared = Arc::new(Shared {
-        queue_label: config.queue.to_string(),
+        queue_label,
         batcher,
         store,
         deliverer,
@@ -377,7 +378,7 @@ async fn handle(
         })
         .observe(wait.as_secs_f64());
     if let Some(change) = lease.breaker {
-        breaker_changed(shared, &lease.tenant, &lease, change);
+        breaker_changed(shared, &lease.tenant, &lease.id, change);
     }
     let in_flight = m
         .in_flight
@@ -453,20 +454,21 @@ async fn handle(
                 }
                 return None;
             }
-            // the ack and the next lease go in the worker's next batched call
-            match shared.batcher.next(Some((lease.clone(), elapsed))).await {
+            // the ack and the next lease go in the worker's next batched
+            // call, which takes the lease (its id is the envelope's)
+            match shared.batcher.next(Some((lease, elapsed))).await {
                 Ok((acked, next)) => {
                     if let Some(Acked {
                         breaker: Some(change),
                         ..
                     }) = acked
                     {
-                        breaker_changed(shared, &env.tenant, &lease, change);
+                        breaker_changed(shared, &env.tenant, &env.id, change);
                     }
                     Some(next)
                 }
                 Err(e) => {
-                    warn!(envelope = %lease.id, error = %e, "ack failed; it will be delivered again");
+                    warn!(envelope = %env.id, error = %e, "ack failed; it will be delivered again");
                     None
                 }
             }
@@ -549,14 +551,14 @@ async fn report(
     match &outcome {
         Ok(NackOutcome::Retry { breaker, .. }) => {
             if let Some(change) = *breaker {
-                breaker_changed(shared, &lease.tenant, lease, change);
+                breaker_changed(shared, &lease.tenant, &lease.id, change);
             }
         }
         Ok(NackOutcome::Dead { attempts, breaker }) => {
             count(shared, "dead");
             warn!(tenant = %lease.tenant, envelope = %lease.id, attempts, cause = %failure.cause, "dead-lettered");
             if let Some(change) = *breaker {
-                breaker_changed(shared, &lease.tenant, lease, change);
+                breaker_changed(shared, &lease.tenant, &lease.id, change);
             }
         }
         Ok(NackOutcome::Stale) => {}
@@ -576,8 +578,8 @@ fn count(shared: &Shared, class: &str) {
         .inc();
 }
 
-fn breaker_changed(shared: &Shared, tenant: &str, lease: &Lease, change: BreakerChange) {
-    warn!(tenant, envelope = %lease.id, state = change.as_str(), "circuit breaker changed state");
+fn breaker_changed(shared: &Shared, tenant: &str, envelope: &str, change: BreakerChange) {
+    warn!(tenant, envelope, state = change.as_str(), "circuit breaker changed state");
     shared
         .metrics
         .breaker_changes
