@@ -206,6 +206,15 @@ mod tests {
     }
 
     #[test]
+    fn the_batch_scripts_bound_is_the_stores() {
+        let src = include_str!("lua/lease_batch.lua");
+        let max = super::super::LEASE_BATCH_MAX;
+        for bound in [format!("k > {max}"), format!("n > {max}")] {
+            assert!(src.contains(&bound), "lease_batch.lua checks {bound}");
+        }
+    }
+
+    #[test]
     fn the_cluster_library_wakes_workers_by_sharded_publish() {
         assert!(LIBRARY.code.contains("redis.call('PUBLISH',"));
         assert!(!LIBRARY.code.contains("redis.call('SPUBLISH',"));

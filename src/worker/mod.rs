@@ -579,7 +579,12 @@ fn count(shared: &Shared, class: &str) {
 }
 
 fn breaker_changed(shared: &Shared, tenant: &str, envelope: &str, change: BreakerChange) {
-    warn!(tenant, envelope, state = change.as_str(), "circuit breaker changed state");
+    warn!(
+        tenant,
+        envelope,
+        state = change.as_str(),
+        "circuit breaker changed state"
+    );
     shared
         .metrics
         .breaker_changes

@@ -308,18 +308,19 @@ local function end_lease(id, member)
 end
 
 -- Take the leases `members[i]` of envelopes `ids[i]` (at most 64 of each)
--- out of P:leases in two calls whatever their number. Returns a table with
--- true at each i whose lease was held (what end_lease's answer is for one);
--- a lease named twice is held at most once.
+-- out of P:leases in two calls whatever their number. Returns a table
+-- with, at each i whose lease was held, what end_lease answers for one:
+-- {charge, tenant, endpoint}; a lease named twice is held at most once.
 local function end_leases(ids, members)
-  local valid, at, seen = {}, {}, {}
+  local valid, at, parts, seen = {}, {}, {}, {}
   for i = 1, #members do
     local m = members[i]
-    local _, _, lid = parse_lease(m)
+    local c, _, lid, t, ep = parse_lease(m)
     if lid and lid == ids[i] and not seen[m] then
       seen[m] = true
       valid[#valid + 1] = m
       at[#at + 1] = i
+      parts[#parts + 1] = { c, t, ep }
     end
   end
   local held = {}
@@ -328,7 +329,7 @@ local function end_leases(ids, members)
   local gone = {}
   for j = 1, #valid do
     if scores[j] then
-      held[at[j]] = true
+      held[at[j]] = parts[j]
       gone[#gone + 1] = valid[j]
     end
   end

@@ -1,4 +1,4 @@
--- Helpers (common.lua): istr, num, lease_member, parse_lease, end_lease, tkey, lane, eplane, ezkey, has_ready,
+-- Helpers (common.lua): istr, num, lease_member, end_lease, tkey, lane, eplane, ezkey, has_ready,
 --   ekey, adopt, quantum, cap_of, ep_cap, block_of, ep_after, limit_of, bucket_level, token_due,
 --   endpoint_gate, spend_endpoint, breaker_gate, breaker_record, unblock_due, paced_until,
 --   pace_clear, settle, dead_letter, delayed_member, promote_due, reap
@@ -262,16 +262,16 @@ end
 -- Acknowledge a delivery. Returns 'OK', or 'STALE' when the lease is gone
 -- (already acked, or expired and handed to another worker): ack is idempotent.
 -- The second value is the breaker's state change ('closed' after a probe).
--- In a batch (see lease_batch.lua), `held` says whether end_leases found
--- the lease held (and took it), and the record's key is added to `dels`
--- for the caller to delete, one DEL for the batch.
+-- In a batch (see lease_batch.lua), `held` is end_leases' answer for
+-- this lease ({charge, tenant, endpoint} when it was held and is taken,
+-- false when not), and the record's key is added to `dels` for the caller
+-- to delete, one DEL for the batch.
 local function ack_one(id, lease, elapsed, now, dels, held)
   local c, t, ep
   if held == nil then
     c, t, ep = end_lease(id, lease)
   elseif held then
-    local pc, _, _, pt, pep = parse_lease(lease)
-    c, t, ep = pc, pt, pep
+    c, t, ep = held[1], held[2], held[3]
   end
   if not c then return 'STALE', '' end
   local ek = ekey(t, id)

@@ -33,7 +33,7 @@ local held = end_leases(ids, members)
 -- one flat reply (a table per lease costs Redis a dozen lookups to convert)
 local out, dels = { n }, {}
 for i = 1, n do
-  local status, change = ack_one(ids[i], members[i], elapsed[i], now, dels, held[i] == true)
+  local status, change = ack_one(ids[i], members[i], elapsed[i], now, dels, held[i] or false)
   out[2 * i] = status
   out[2 * i + 1] = change
 end
