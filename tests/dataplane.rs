@@ -2388,3 +2388,18 @@ async fn a_hostile_batch_settles_nothing_twice() {
 async fn a_batch_scans_no_more_than_one_lease_may() {
     support::batch::a_batch_scans_no_more_than_one_lease_may(&support::redis::shared().url).await;
 }
+
+// ---- queue health: time to drain and fairness (what the controller exports)
+
+#[tokio::test]
+async fn drain_time_follows_a_whales_backlog() {
+    support::health::drain_time_follows_a_whales_backlog(&support::redis::shared().url).await;
+}
+
+#[tokio::test]
+async fn fairness_falls_when_the_cap_lets_one_tenant_take_every_slot() {
+    support::health::fairness_falls_when_the_cap_lets_one_tenant_take_every_slot(
+        &support::redis::shared().url,
+    )
+    .await;
+}

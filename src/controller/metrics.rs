@@ -99,6 +99,9 @@ pub struct ControllerMetrics {
     pub lanes_used: Family<SetLabels, Gauge>,
     pub lanes_max: Family<SetLabels, Gauge>,
     pub queue_depth: Family<QueueDepthLabels, Gauge>,
+    pub queue_backlog: Family<QueueDepthLabels, FloatGauge>,
+    pub queue_drain: Family<QueueDepthLabels, FloatGauge>,
+    pub queue_fairness: Family<QueueDepthLabels, FloatGauge>,
     pub skew_ratio: Family<SetLabels, FloatGauge>,
     pub conditions: Family<ConditionLabels, Gauge>,
     pub tenant_share: Family<TenantShareLabels, FloatGauge>,
@@ -125,6 +128,24 @@ impl Default for ControllerMetrics {
             "lanekeeper_queue_depth",
             "Envelopes outstanding per queue (queued, held, delayed or in flight), as of the last reconcile",
             queue_depth.clone(),
+        );
+        let queue_backlog = Family::<QueueDepthLabels, FloatGauge>::default();
+        registry.register(
+            "lanekeeper_queue_backlog_worker_seconds",
+            "Worker-seconds of work outstanding per queue: each tenant's outstanding envelopes at its measured mean delivery cost, as of the last reconcile",
+            queue_backlog.clone(),
+        );
+        let queue_drain = Family::<QueueDepthLabels, FloatGauge>::default();
+        registry.register(
+            "lanekeeper_queue_drain_seconds",
+            "Estimated time to drain per queue: its backlog in worker-seconds over the worker-seconds per second it delivered in the last 30 s (over 1 when it delivered nothing), as of the last reconcile",
+            queue_drain.clone(),
+        );
+        let queue_fairness = Family::<QueueDepthLabels, FloatGauge>::default();
+        registry.register(
+            "lanekeeper_queue_fairness_index",
+            "Jain's index per queue over the tenants waiting for a slot of their worker-seconds per second in the last 30 s over their weights: 1 all equal, 1/n one had it all (1 with fewer than two waiting), as of the last reconcile",
+            queue_fairness.clone(),
         );
         registry.register(
             "lanekeeper_reconciles",
@@ -217,6 +238,9 @@ impl Default for ControllerMetrics {
             lanes_used,
             lanes_max,
             queue_depth,
+            queue_backlog,
+            queue_drain,
+            queue_fairness,
             skew_ratio,
             conditions,
             tenant_share,
@@ -259,6 +283,33 @@ fn reconcile_histogram() -> Histogram {
 }
 
 impl ControllerMetrics {
+    /// Export one queue's depth, backlog, drain time and fairness.
+    pub fn record_queue(
+        &self,
+        labels: &QueueDepthLabels,
+        depth: u64,
+        health: &crate::policy::attribution::QueueHealth,
+    ) {
+        self.queue_depth.get_or_create(labels).set(depth as i64);
+        self.queue_backlog
+            .get_or_create(labels)
+            .set(health.backlog_worker_seconds);
+        self.queue_drain
+            .get_or_create(labels)
+            .set(health.drain_seconds);
+        self.queue_fairness
+            .get_or_create(labels)
+            .set(health.fairness);
+    }
+
+    /// Drop one queue's series (a lane queue no tenant uses).
+    pub fn forget_queue(&self, labels: &QueueDepthLabels) {
+        self.queue_depth.remove(labels);
+        self.queue_backlog.remove(labels);
+        self.queue_drain.remove(labels);
+        self.queue_fairness.remove(labels);
+    }
+
     /// One reconcile by `controller` ([`SHARDSET`], [`DEDICATED_LANE`]) ran for `took`.
     pub fn reconciled(&self, controller: &str, took: std::time::Duration) {
         let labels = ReconcilerLabels {

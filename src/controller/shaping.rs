@@ -226,7 +226,7 @@ mod tests {
             delivered: 0,
             failed: 0,
             worker_seconds: ws,
-            cost_seconds: 0.0,
+            ..Default::default()
         }
     }
 

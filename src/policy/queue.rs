@@ -222,6 +222,17 @@ impl QueuePolicy {
             self.max_in_flight.max(1)
         }
     }
+
+    /// A tenant's weight: its own wins over its tier's, then the default (a
+    /// tier without a weight gets the default). The scripts' `weight` in
+    /// `common.lua` makes the same choice.
+    pub fn weight(&self, tenant: &str, tier: Option<&str>) -> f64 {
+        self.weights
+            .get(tenant)
+            .or_else(|| tier.and_then(|t| self.tier_weights.get(t)))
+            .copied()
+            .unwrap_or(self.default_weight)
+    }
 }
 
 #[cfg(test)]

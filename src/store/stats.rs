@@ -35,6 +35,9 @@ impl Store {
         let mut conn = self.conn.clone();
         let newest = attribution::bucket_of(now_ms);
         let buckets = attribution::buckets(window);
+        // The recent rate's buckets may reach further back than the window's.
+        let recent = attribution::buckets(attribution::RECENT);
+        let recent_secs = attribution::covered(attribution::RECENT, now_ms).as_secs_f64();
         let tenants: Vec<String> = redis::cmd("SMEMBERS")
             .arg(keys::tenants(&p))
             .query_async(&mut conn)
@@ -43,9 +46,9 @@ impl Store {
         for t in &tenants {
             pipe.cmd("HMGET")
                 .arg(keys::tenant(&p, t))
-                .arg(&["n", "ok", "ko", "e"]);
+                .arg(&["n", "ok", "ko", "e", "f", "w", "h", "tr", "up", "p"]);
         }
-        for b in 0..buckets {
+        for b in 0..buckets.max(recent) {
             pipe.hgetall(keys::worker_seconds(&p, newest.saturating_sub(b)));
         }
         let replies: Vec<Value> = pipe.query_async(&mut conn).await?;
@@ -67,33 +70,46 @@ impl Store {
                     .unwrap_or(0.0)
             };
             let field = |i: usize| number(i) as u64;
+            let set = |i: usize| n.get(i).cloned().flatten().filter(|v| !v.is_empty());
+            let depth = field(0);
             by_tenant.insert(
                 t.clone(),
                 TenantStats {
                     tenant: t.clone(),
-                    depth: field(0),
+                    depth,
                     delivered: field(1),
                     failed: field(2),
                     worker_seconds: 0.0,
                     // whole microseconds in the tenant's state
                     cost_seconds: number(3) / 1e6,
+                    in_flight: field(4),
+                    // depth counts the delayed, the held and those in flight too
+                    queued: depth.saturating_sub(field(4) + field(5) + field(6)),
+                    tier: set(7),
+                    // a user's pause ('1') or a relocation's (any value)
+                    paused: set(8).is_some_and(|v| v == "1") || set(9).is_some(),
+                    recent_rate: 0.0,
                 },
             );
         }
-        for v in windows {
+        for (b, v) in windows.iter().enumerate() {
+            let b = b as u64;
             let map: BTreeMap<String, f64> =
                 redis::from_redis_value_ref(v).map_err(|e| StoreError::Protocol {
                     script: "tenant stats",
                     detail: format!("worker-seconds bucket: {e}"),
                 })?;
             for (t, us) in map {
-                by_tenant
-                    .entry(t.clone())
-                    .or_insert_with(|| TenantStats {
-                        tenant: t,
-                        ..Default::default()
-                    })
-                    .worker_seconds += us / 1e6;
+                let st = by_tenant.entry(t.clone()).or_insert_with(|| TenantStats {
+                    tenant: t,
+                    ..Default::default()
+                });
+                if b < buckets {
+                    st.worker_seconds += us / 1e6;
+                }
+                if b < recent {
+                    st.recent_rate += us / 1e6 / recent_secs;
+                }
             }
         }
         by_tenant.retain(|_, s| s.depth + s.delivered + s.failed > 0 || s.worker_seconds > 0.0);

@@ -195,6 +195,16 @@ pub(super) async fn sync_redis(
     let policy = QueuePolicy::from_spec(&set.spec);
     let window: Duration = set.spec.promotion.window.into();
     let mut view = status::RedisView::default();
+    let depth = |stats: &[crate::policy::attribution::TenantStats]| -> u64 {
+        stats.iter().map(|t| t.depth).sum()
+    };
+    let health = |stats: &[crate::policy::attribution::TenantStats]| {
+        crate::policy::attribution::queue_health(
+            stats,
+            policy.initial_estimate_seconds,
+            |t, tier| policy.weight(t, tier),
+        )
+    };
     for n in 0..shards {
         let q = QueueId::Shard(n);
         store
@@ -205,15 +215,8 @@ pub(super) async fn sync_redis(
             .tenant_stats(q, window)
             .await
             .map_err(|e| e.to_string())?;
-        let depth: u64 = stats.iter().map(|t| t.depth).sum();
         ctx.metrics
-            .queue_depth
-            .get_or_create(&crate::controller::metrics::QueueDepthLabels {
-                namespace: set.namespace().unwrap_or_default(),
-                shard_set: set.name_any(),
-                queue: q.to_string(),
-            })
-            .set(depth as i64);
+            .record_queue(&queue_labels(set, q), depth(&stats), &health(&stats));
         view.queues.push((q, stats));
         for t in store.user_paused(q).await.map_err(|e| e.to_string())? {
             view.paused.push((q, t));
@@ -223,11 +226,7 @@ pub(super) async fn sync_redis(
     // own reconciler configures them); none for a lane never used.
     for i in 0..crate::routing::MAX_LANES {
         let q = QueueId::Lane(i);
-        let labels = crate::controller::metrics::QueueDepthLabels {
-            namespace: set.namespace().unwrap_or_default(),
-            shard_set: set.name_any(),
-            queue: q.to_string(),
-        };
+        let labels = queue_labels(set, q);
         let stats = store
             .tenant_stats(q, window)
             .await
@@ -236,13 +235,10 @@ pub(super) async fn sync_redis(
             view.paused.push((q, t));
         }
         if stats.is_empty() {
-            ctx.metrics.queue_depth.remove(&labels);
+            ctx.metrics.forget_queue(&labels);
         } else {
-            let depth: u64 = stats.iter().map(|t| t.depth).sum();
             ctx.metrics
-                .queue_depth
-                .get_or_create(&labels)
-                .set(depth as i64);
+                .record_queue(&labels, depth(&stats), &health(&stats));
         }
     }
     ctx.metrics
@@ -253,4 +249,13 @@ pub(super) async fn sync_redis(
     view.tiers = super::tiers::sync_tiers(set, ctx, store).await;
     view.overrides = super::overrides::sync_overrides(set, ctx, store, &view.paused).await;
     Ok(view)
+}
+
+/// The labels of one queue's series.
+fn queue_labels(set: &ShardSet, q: QueueId) -> crate::controller::metrics::QueueDepthLabels {
+    crate::controller::metrics::QueueDepthLabels {
+        namespace: set.namespace().unwrap_or_default(),
+        shard_set: set.name_any(),
+        queue: q.to_string(),
+    }
 }

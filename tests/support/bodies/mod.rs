@@ -8,6 +8,7 @@
 pub mod batch;
 pub mod buckets;
 pub mod dataplane;
+pub mod health;
 pub mod integrity;
 pub mod isolation;
 pub mod model;
