@@ -1886,3 +1886,60 @@ async fn admin_purge_and_replay_name_bad_fields_refuse_mid_move_and_are_audited(
     assert!(ops[2].1.contains("reason: fixed"), "{ops:?}");
     assert!(ops[3].1.starts_with("dead-lettered 20"), "{ops:?}");
 }
+
+/// `ingest-key --output json|yaml` prints `{key, entry}` for a script: the
+/// entry goes into the api keys file as it is, and the key then
+/// authenticates as the tenant (or admin) asked for. The text form still
+/// says the key is stored nowhere.
+#[test]
+fn ingest_key_prints_machine_readable_entries_the_keys_file_accepts() {
+    let run = |args: &[&str]| {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_lanekeeper"))
+            .arg("ingest-key")
+            .args(args)
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{args:?}: {out:?}");
+        String::from_utf8(out.stdout).unwrap()
+    };
+    let tenant: Value = serde_json::from_str(&run(&[
+        "--name",
+        "acme-prod",
+        "--tenant",
+        "acme",
+        "-o",
+        "json",
+    ]))
+    .expect("--output json is JSON");
+    let admin: serde_yaml::Value =
+        serde_yaml::from_str(&run(&["--name", "ops", "--admin", "--output", "yaml"]))
+            .expect("--output yaml is YAML");
+    let admin: Value = serde_json::to_value(admin).unwrap();
+    for made in [&tenant, &admin] {
+        let fields: Vec<_> = made.as_object().unwrap().keys().cloned().collect();
+        assert_eq!(fields, ["entry", "key"], "{made}");
+    }
+    let file =
+        serde_yaml::to_string(&json!({ "keys": [tenant["entry"], admin["entry"]] })).unwrap();
+    let ring = auth::KeyRing::parse(&file, "keys.yaml").expect("the keys file takes the entries");
+    let acme = ring
+        .lookup(tenant["key"].as_str().unwrap())
+        .expect("the tenant key");
+    assert_eq!(
+        (acme.name.as_str(), &acme.scope),
+        ("acme-prod", &auth::Scope::Tenant("acme".into()))
+    );
+    let ops = ring
+        .lookup(admin["key"].as_str().unwrap())
+        .expect("the admin key");
+    assert_eq!(
+        (ops.name.as_str(), &ops.scope),
+        ("ops", &auth::Scope::Admin)
+    );
+    assert!(ring.lookup("lk_not-a-key").is_none());
+    let text = run(&["--name", "k", "--tenant", "acme"]);
+    assert!(
+        text.contains("it is not stored anywhere") && text.contains("tenant: \"acme\""),
+        "{text}"
+    );
+}

@@ -263,3 +263,62 @@ async fn top_prints_depth_and_capacity_shares() {
     let row = text.lines().find(|l| l.contains("reset")).unwrap();
     assert!(!row.contains("paused"), "{row}");
 }
+
+/// Every command that reads a ShardSet's queues says in its usage that it
+/// needs --redis and --shard-set, and refuses to start without them, naming
+/// both; `route` needs them only without --shards.
+#[test]
+fn commands_that_need_redis_say_so_in_their_usage() {
+    let run = |args: &[&str]| {
+        Command::new(env!("CARGO_BIN_EXE_lanekeeper"))
+            .args(args)
+            .env_remove("LANEKEEPER_REDIS_URL")
+            .env_remove("LANEKEEPER_SHARD_SET")
+            .output()
+            .unwrap()
+    };
+    let usage = |help: &str| {
+        help.lines()
+            .find(|l| l.starts_with("Usage:"))
+            .unwrap_or_default()
+            .to_string()
+    };
+    for cmd in [
+        &["worker"][..],
+        &["ingest"],
+        &["top"],
+        &["tenant", "pause"],
+        &["tenant", "resume"],
+        &["tenant", "show"],
+        &["tiers", "apply"],
+        &["tiers", "get"],
+    ] {
+        let help = run(&[cmd, &["--help"]].concat());
+        let help = usage(&String::from_utf8_lossy(&help.stdout));
+        assert!(
+            help.contains("--redis <REDIS> --shard-set <SHARD_SET>") && !help.contains("[--redis"),
+            "{cmd:?}: {help}"
+        );
+        let bare = run(cmd);
+        let err = String::from_utf8_lossy(&bare.stderr);
+        assert!(
+            !bare.status.success()
+                && err.contains("--redis <REDIS>")
+                && err.contains("--shard-set <SHARD_SET>"),
+            "{cmd:?} without --redis: {err}"
+        );
+    }
+    let route = run(&["route", "--help"]);
+    let help = usage(&String::from_utf8_lossy(&route.stdout));
+    assert!(!help.contains("--redis"), "route: {help}");
+    assert_eq!(
+        lanekeeper(&["route", "--shards", "4", "acme"]).trim(),
+        "acme\tshard-02"
+    );
+    let bare = run(&["route", "acme"]);
+    let err = String::from_utf8_lossy(&bare.stderr);
+    assert!(
+        !bare.status.success() && err.contains("--redis <REDIS>"),
+        "{err}"
+    );
+}

@@ -11,10 +11,10 @@ use std::path::PathBuf;
 #[derive(clap::Args, Debug)]
 pub struct RedisTarget {
     /// Redis URL of the ShardSet.
-    #[arg(long, env = env::REDIS_URL)]
+    #[arg(long, env = env::REDIS_URL, required = true)]
     pub redis: Option<String>,
     /// The ShardSet, as <namespace>/<name>.
-    #[arg(long, env = env::SHARD_SET)]
+    #[arg(long, env = env::SHARD_SET, required = true)]
     pub shard_set: Option<lanekeeper::store::SetId>,
     /// The Redis is a Redis Cluster: `redis://host:port` is read as
     /// `redis+cluster://host:port` (a ShardSet's `spec.redis.cluster`).

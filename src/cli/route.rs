@@ -5,6 +5,11 @@ use std::io::{BufRead, Write};
 use super::redis::RedisTarget;
 
 #[derive(clap::Args, Debug)]
+// The routing table is read from Redis only without --shards.
+#[command(
+    mut_arg("redis", |a| a.required(false).required_unless_present("shards")),
+    mut_arg("shard_set", |a| a.required(false).required_unless_present("shards"))
+)]
 pub struct RouteArgs {
     /// Shard count to hash over, instead of reading the routing table.
     #[arg(long, conflicts_with = "redis")]

@@ -33,7 +33,7 @@ use axum::extract::FromRequestParts;
 use axum::http::request::Parts;
 use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
 use super::error::ApiError;
@@ -71,15 +71,17 @@ struct KeyFile {
     keys: Vec<KeyEntry>,
 }
 
-#[derive(Deserialize)]
+/// One entry of the api keys file (what `lanekeeper ingest-key` prints).
+#[derive(Debug, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
-struct KeyEntry {
-    name: String,
-    sha256: String,
-    #[serde(default)]
-    tenant: Option<String>,
-    #[serde(default)]
-    admin: bool,
+pub struct KeyEntry {
+    pub name: String,
+    /// Hex SHA-256 of the key.
+    pub sha256: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tenant: Option<String>,
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub admin: bool,
 }
 
 /// The keys in force.
