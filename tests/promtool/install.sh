@@ -14,6 +14,8 @@
 set -euo pipefail
 
 version="v0.316.0"
+# The Prometheus release that Go module version is.
+prometheus_version="3.16.0"
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 cache_root="${LANEKEEPER_CACHE:-$HOME/.cache/lanekeeper}"
 key="$(sha256sum "$here/install.sh" | cut -c1-12)"
@@ -46,9 +48,10 @@ mkdir -p "$tmp"
 start=$(date +%s)
 echo "building promtool $version from github.com/prometheus/prometheus/cmd/promtool ..." >&2
 # `go install pkg@version` builds the module exactly as its own go.mod and
-# go.sum pin it.
+# go.sum pin it; -X stamps the version Prometheus's Makefile would.
 CGO_ENABLED=0 GOBIN="$tmp" GOFLAGS="-mod=mod -trimpath" \
-  go install -ldflags="-s -w" "github.com/prometheus/prometheus/cmd/promtool@$version"
+  go install -ldflags="-s -w -X github.com/prometheus/common/version.Version=$prometheus_version" \
+  "github.com/prometheus/prometheus/cmd/promtool@$version"
 "$tmp/promtool" --version >&2
 rm -rf "$bin"
 mv "$tmp" "$bin"
