@@ -1580,6 +1580,24 @@ spec:
     (controller_text, worker_text)
 }
 
+/// The metric names in `exprs` (where, PromQL) that are not in `served`;
+/// an expression naming no metric at all counts too.
+fn unserved(exprs: &[(String, String)], served: &BTreeSet<String>) -> Vec<String> {
+    let mut unknown = Vec::new();
+    for (where_, e) in exprs {
+        let names = promql_metrics(e);
+        if names.is_empty() {
+            unknown.push(format!("{where_}: no metric in {e}"));
+        }
+        for m in names {
+            if !served.contains(&m) {
+                unknown.push(format!("{where_}: {m} (in {e})"));
+            }
+        }
+    }
+    unknown
+}
+
 #[test]
 fn dashboards_alerts_and_autoscaling_name_only_metrics_the_binaries_serve() {
     let run = running();
@@ -1688,33 +1706,52 @@ fn dashboards_alerts_and_autoscaling_name_only_metrics_the_binaries_serve() {
         );
     }
 
-    let keda: Value =
-        serde_yaml::from_str(&read("config/autoscaling/keda-scaledobject.yaml")).unwrap();
-    assert_eq!(keda["kind"], "ScaledObject");
-    assert_eq!(keda["spec"]["scaleTargetRef"]["name"], "webhooks-shard-03");
-    let trigger = &keda["spec"]["triggers"][0];
-    assert_eq!(trigger["type"], "prometheus");
-    let q = trigger["metadata"]["query"].as_str().unwrap().to_string();
-    assert_eq!(
-        promql_metrics(&q),
-        ["lanekeeper_queue_depth".to_string()].into()
+    // Every KEDA example (config/autoscaling/*.yaml): each prometheus
+    // trigger's query.
+    let mut examples: Vec<PathBuf> = std::fs::read_dir(repo().join("config/autoscaling"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|e| e == "yaml"))
+        .collect();
+    examples.sort();
+    assert!(
+        !examples.is_empty(),
+        "no KEDA example in config/autoscaling"
     );
-    exprs.push(("KEDA ScaledObject".into(), q));
-
-    let mut unknown = Vec::new();
-    for (where_, e) in &exprs {
-        let names = promql_metrics(e);
-        assert!(!names.is_empty(), "{where_}: no metric in {e}");
-        for m in names {
-            if !served.contains(&m) {
-                unknown.push(format!("{where_}: {m} (in {e})"));
-            }
+    for path in examples {
+        let file = path.file_name().unwrap().to_string_lossy().into_owned();
+        let keda: Value = serde_yaml::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+        assert_eq!(keda["kind"], "ScaledObject", "{file}");
+        assert_eq!(
+            keda["spec"]["scaleTargetRef"]["name"], "webhooks-shard-03",
+            "{file}"
+        );
+        let triggers = keda["spec"]["triggers"].as_sequence().unwrap();
+        assert!(
+            triggers.iter().any(|t| t["type"] == "prometheus"),
+            "{file}: no prometheus trigger"
+        );
+        for trigger in triggers.iter().filter(|t| t["type"] == "prometheus") {
+            let q = trigger["metadata"]["query"].as_str().unwrap().to_string();
+            exprs.push((format!("KEDA ScaledObject in {file}"), q));
         }
     }
+
+    let unknown = unserved(&exprs, &served);
     assert!(
         unknown.is_empty(),
         "metrics that neither `lanekeeper controller` nor `lanekeeper worker` serve:\n{}",
         unknown.join("\n")
+    );
+    // The check sees a panel naming a metric no binary serves.
+    let mut broken = dash.clone();
+    broken["panels"][5]["targets"][0]["expr"] =
+        serde_json::Value::from(r#"sum(lanekeeper_queue_depthh{namespace=~"$namespace"})"#);
+    let unknown = unserved(&dashboard_exprs(&broken), &served);
+    eprintln!("a panel naming an unserved metric, as expected: {unknown:?}");
+    assert!(
+        unknown.len() == 1 && unknown[0].contains("lanekeeper_queue_depthh"),
+        "{unknown:?}"
     );
     eprintln!(
         "{} PromQL expressions checked against {} served names",

@@ -40,6 +40,7 @@
 //! | integrity | redis |
 //! | isolation_attacks | redis |
 //! | model | redis |
+//! | monitoring | apiserver (with prometheus-operator's and KEDA's CRDs, `tests/monitoring/crds.sh`); helm, kubectl, promtool (`tests/promtool/install.sh`) |
 //! | packaging | full, redis; helm (`tests/helm/install.sh`), kubectl; lanekeeper controller (as the chart's ServiceAccount), worker; receiver |
 //! | redis_cluster_prod | cluster (TLS, from `redis-server`/`redis-cli` on PATH) |
 //! | redis_durability | redis (a primary and a replica); lanekeeper worker, ingest; receiver |
