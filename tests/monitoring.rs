@@ -102,7 +102,8 @@ fn installed(script: &str, name: &str, env_var: &str) -> PathBuf {
     assert!(
         out.status.success(),
         "{name} is missing and `bash {script}` could not install it (see its output above). \
-         It needs Go >= 1.24 and the Go module proxy; install Go (`apt-get install golang`), \
+         It needs Go (the version the script names) and the Go module proxy; install Go \
+         (https://go.dev/doc/install or `apt-get install golang`), \
          run `bash {script}` and rerun, or set {env_var}"
     );
     let dir = String::from_utf8_lossy(&out.stdout)

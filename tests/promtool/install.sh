@@ -23,7 +23,7 @@ dest="$cache_root/promtool-$version-$key"
 bin="$dest/bin"
 
 command -v go >/dev/null 2>&1 || {
-  echo "install.sh: the Go toolchain is missing; install Go >= 1.25 (https://go.dev/doc/install or 'apt-get install golang')" >&2
+  echo "install.sh: the Go toolchain is missing; install Go >= 1.26.7, which its go.mod asks for (https://go.dev/doc/install or 'apt-get install golang')" >&2
   exit 1
 }
 
