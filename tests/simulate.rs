@@ -182,6 +182,7 @@ async fn strategies_rank_as_the_seeds_predict() {
     assert!(svg.trim_end().ends_with("</svg>"));
     assert_eq!(svg.matches("<polyline").count(), 4);
     assert_eq!(svg.matches("</polyline>").count(), 4);
+    assert_text_fits(&svg);
     for s in Strategy::ALL {
         assert!(
             svg.contains(&format!("<title>{}</title>", s.name())),
@@ -467,4 +468,26 @@ async fn projected_wait_gets_the_import_its_lane_before_the_backlog_builds() {
         p99(&on_trend),
         p99(&share_only)
     );
+}
+
+/// Every left-anchored text of the chart ends inside it, at 7.5 px a glyph
+/// (wider than 12 px sans-serif's average): the legend is not cut off.
+fn assert_text_fits(svg: &str) {
+    let attr = |tag: &str, name: &str| -> f64 {
+        let at = tag.find(&format!(" {name}=\"")).unwrap() + name.len() + 3;
+        tag[at..].split('"').next().unwrap().parse().unwrap()
+    };
+    let width = attr(svg.lines().next().unwrap(), "width");
+    let mut legend = 0;
+    for piece in svg.split("<text").skip(1) {
+        let (tag, rest) = piece.split_once('>').unwrap();
+        let text = rest.split("</text>").next().unwrap();
+        if tag.contains("text-anchor") {
+            continue;
+        }
+        legend += usize::from(text.contains("(p99") && !text.contains("of each"));
+        let end = attr(tag, "x") + text.chars().count() as f64 * 7.5;
+        assert!(end <= width, "{text:?} ends at {end} px of {width}");
+    }
+    assert_eq!(legend, 4, "one legend entry per strategy");
 }

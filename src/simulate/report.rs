@@ -123,12 +123,28 @@ fn decade_label(decade: i32) -> String {
     }
 }
 
+/// Where a legend entry's text starts, right of the plot.
+const LEGEND_TEXT_X: f64 = 41.0;
+/// A safe average glyph width of 12 px sans-serif text with digits and
+/// parentheses (Helvetica and DejaVu Sans average about 6.7 px).
+const GLYPH_WIDTH: f64 = 7.5;
+
 /// The chart: small-tenant p99 wait (log scale) against arrival time, one
 /// polyline per strategy.
 pub fn svg(r: &Report) -> String {
-    let (w, h) = (900.0, 440.0);
-    let (left, right, top, bottom) = (70.0, 180.0, 40.0, 50.0);
-    let (pw, ph) = (w - left - right, h - top - bottom);
+    let legend: Vec<String> = r
+        .results
+        .iter()
+        .map(|s| format!("{} (p99 {})", s.strategy.name(), fmt_secs(s.small.p99)))
+        .collect();
+    // The legend sits right of the plot: as wide as its longest entry (line
+    // and gap, then the text at a generous average glyph width), so that no
+    // entry is cut off at the image's edge.
+    let longest = legend.iter().map(|l| l.chars().count()).max().unwrap_or(0);
+    let (left, top, bottom) = (70.0, 40.0, 50.0);
+    let right = LEGEND_TEXT_X + longest as f64 * GLYPH_WIDTH + 12.0;
+    let (pw, h) = (650.0, 440.0);
+    let (w, ph) = (left + pw + right, h - top - bottom);
     // y: log10 of seconds, from 1 ms up to the decade above the largest value
     let max = r
         .results
@@ -214,12 +230,11 @@ pub fn svg(r: &Report) -> String {
         let lx = left + pw + 15.0;
         let _ = writeln!(
             o,
-            r#"<line x1="{lx:.1}" y1="{ly:.1}" x2="{:.1}" y2="{ly:.1}" stroke="{color}" stroke-width="3"{dash}/><text x="{:.1}" y="{:.1}">{} (p99 {})</text>"#,
+            r#"<line x1="{lx:.1}" y1="{ly:.1}" x2="{:.1}" y2="{ly:.1}" stroke="{color}" stroke-width="3"{dash}/><text x="{:.1}" y="{:.1}">{}</text>"#,
             lx + 20.0,
-            lx + 26.0,
+            left + pw + LEGEND_TEXT_X,
             ly + 4.0,
-            esc(s.strategy.name()),
-            esc(&fmt_secs(s.small.p99))
+            esc(&legend[k])
         );
     }
     o.push_str("</svg>\n");
