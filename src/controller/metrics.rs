@@ -467,6 +467,35 @@ mod tests {
     use super::*;
 
     #[test]
+    fn a_queues_health_series_come_and_go_together() {
+        let m = ControllerMetrics::default();
+        let labels = QueueDepthLabels {
+            namespace: "webhooks".into(),
+            shard_set: "webhooks".into(),
+            queue: "lane-3".into(),
+        };
+        let health = crate::policy::attribution::QueueHealth {
+            backlog_worker_seconds: 120.0,
+            served_rate: 4.0,
+            drain_seconds: 30.0,
+            fairness: 0.5,
+            contending: 2,
+        };
+        m.record_queue(&labels, 600, &health);
+        let text = m.encode();
+        for want in [
+            r#"lanekeeper_queue_depth{namespace="webhooks",shard_set="webhooks",queue="lane-3"} 600"#,
+            r#"lanekeeper_queue_backlog_worker_seconds{namespace="webhooks",shard_set="webhooks",queue="lane-3"} 120.0"#,
+            r#"lanekeeper_queue_drain_seconds{namespace="webhooks",shard_set="webhooks",queue="lane-3"} 30.0"#,
+            r#"lanekeeper_queue_fairness_index{namespace="webhooks",shard_set="webhooks",queue="lane-3"} 0.5"#,
+        ] {
+            assert!(text.contains(want), "missing {want}:\n{text}");
+        }
+        m.forget_queue(&labels);
+        assert!(!m.encode().contains("lane-3"), "{}", m.encode());
+    }
+
+    #[test]
     fn status_and_lane_series_follow_what_is_current() {
         let m = ControllerMetrics::default();
         let mut st = crate::crd::ShardSetStatus {
