@@ -1751,7 +1751,6 @@ fn dashboards_alerts_and_autoscaling_name_only_metrics_the_binaries_serve() {
     }
 
     // What the rules record is served too, once Prometheus runs them.
-    let mut served = served;
     served.extend(recorded);
     let unknown = unserved(&exprs, &served);
     assert!(
