@@ -138,7 +138,7 @@ impl Default for ControllerMetrics {
         let queue_drain = Family::<QueueDepthLabels, FloatGauge>::default();
         registry.register(
             "lanekeeper_queue_drain_seconds",
-            "Estimated time to drain per queue: its backlog in worker-seconds over the worker-seconds per second it delivered in the last 30 s (over 1 when it delivered nothing), as of the last reconcile",
+            "Estimated time to drain per queue: its backlog in worker-seconds over the worker-seconds per second it delivered in the last 30 s (at least 1; paused tenants left out), as of the last reconcile",
             queue_drain.clone(),
         );
         let queue_fairness = Family::<QueueDepthLabels, FloatGauge>::default();

@@ -83,15 +83,18 @@ pub struct QueueHealth {
     /// Worker-seconds of work outstanding: each tenant's outstanding
     /// envelopes at its measured mean delivery cost (a tenant with none
     /// measured yet at the policy's initial estimate, as the scheduler
-    /// charges it).
+    /// charges it). A paused tenant's backlog is left out: it waits on
+    /// purpose, and no worker added would deliver it.
     pub backlog_worker_seconds: f64,
     /// Worker-seconds per second the queue delivered over the last
     /// [`RECENT`]: its capacity while it has a backlog. 0: nothing served.
     pub served_rate: f64,
     /// Estimated seconds to deliver the backlog: backlog over the served
-    /// rate. With nothing served recently (no workers, every tenant paused
-    /// or blocked) the backlog over one worker-second per second, so the
-    /// figure stays finite and still grows with the backlog.
+    /// rate, taken as at least one worker-second per second (one slot
+    /// busy). A queue that served next to nothing recently (no workers yet,
+    /// its endpoints failing) would otherwise show a drain time that blows
+    /// up as the rate nears 0 and jumps back at 0; with the floor it stays
+    /// finite, continuous, and still grows with the backlog.
     pub drain_seconds: f64,
     /// Jain's index over the tenants waiting for a slot now (queued, not
     /// paused) of their recent worker-seconds per second over their
@@ -103,6 +106,9 @@ pub struct QueueHealth {
     pub contending: usize,
 }
 
+/// The least capacity a drain time assumes, in worker-seconds per second.
+pub const MIN_CAPACITY: f64 = 1.0;
+
 /// Pure: [`QueueHealth`] of one queue from its tenants' stats, weighing
 /// each by `weight(tenant, tier)` (the scheduler's weights).
 pub fn queue_health(
@@ -112,6 +118,7 @@ pub fn queue_health(
 ) -> QueueHealth {
     let backlog_worker_seconds: f64 = stats
         .iter()
+        .filter(|t| !t.paused)
         .map(|t| {
             let cost = if t.cost_seconds > 0.0 {
                 t.cost_seconds
@@ -122,11 +129,7 @@ pub fn queue_health(
         })
         .sum();
     let served_rate: f64 = stats.iter().map(|t| t.recent_rate).sum();
-    let drain_seconds = if served_rate > 0.0 {
-        backlog_worker_seconds / served_rate
-    } else {
-        backlog_worker_seconds
-    };
+    let drain_seconds = backlog_worker_seconds / served_rate.max(MIN_CAPACITY);
     let shares: Vec<f64> = stats
         .iter()
         .filter(|t| t.queued > 0 && !t.paused)
@@ -211,9 +214,17 @@ mod tests {
         );
         assert!((h.backlog_worker_seconds - 210.0).abs() < 1e-9, "{h:?}");
         assert!((h.drain_seconds - 52.5).abs() < 1e-9, "{h:?}");
-        // Nothing served (no workers): one worker-second per second.
-        let h = queue_health(&[st("whale", 1000, 1000, 0.2, 0.0)], 1.0, one);
-        assert_eq!(h.drain_seconds, 200.0);
+        // Nothing served (no workers), or next to nothing (failing
+        // endpoints): one worker-second per second, not a blow-up.
+        for rate in [0.0, 1e-6, 0.5, 1.0] {
+            let h = queue_health(&[st("whale", 1000, 1000, 0.2, rate)], 1.0, one);
+            assert_eq!(h.drain_seconds, 200.0, "served {rate}");
+        }
+        // A paused tenant's backlog waits on purpose: no drain time for it.
+        let mut paused = st("paused", 5000, 5000, 0.2, 0.0);
+        paused.paused = true;
+        let h = queue_health(&[paused, st("live", 10, 10, 0.5, 2.0)], 1.0, one);
+        assert_eq!((h.backlog_worker_seconds, h.drain_seconds), (5.0, 2.5));
         // Nothing outstanding: nothing to drain, however slow.
         let h = queue_health(&[st("idle", 0, 0, 0.2, 0.0)], 1.0, one);
         assert_eq!((h.drain_seconds, h.fairness), (0.0, 1.0));
