@@ -91,6 +91,13 @@ enum Command {
     /// recorded in the set's audit trail, as the ingest admin API's are.
     Tenant(cli::tenant::TenantArgs),
 
+    /// Run the data plane without Kubernetes: `dataplane apply -f
+    /// shardset.yaml --redis URL` writes what the controller writes into
+    /// Redis for a ShardSet (routing table, queue policies, tiers,
+    /// spec.tenants), by the same code, so that `worker` and `ingest` run
+    /// on a laptop, in CI or on VMs.
+    Dataplane(cli::dataplane::DataplaneArgs),
+
     /// Compare FIFO, hashed shards, fair scheduling and dedicated lanes on a
     /// tenant mix, before touching production (needs --redis).
     ///
@@ -112,6 +119,7 @@ fn main() -> ExitCode {
         Command::Top(args) => cli::block_on(cli::top::run(args)),
         Command::Tiers(args) => cli::block_on(cli::tiers::run(args)),
         Command::Tenant(args) => cli::block_on(cli::tenant::run(args)),
+        Command::Dataplane(args) => cli::block_on(cli::dataplane::run(args)),
         Command::IngestKey(args) => cli::ingest_key::run(args),
         Command::Worker(args) => cli::serve(|stop| cli::worker::run(*args, stop)),
         Command::Ingest(args) => cli::serve(|stop| cli::ingest::run(*args, stop)),

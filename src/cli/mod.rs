@@ -6,6 +6,7 @@
 
 pub mod controller;
 pub mod crds;
+pub mod dataplane;
 pub mod ingest;
 pub mod ingest_key;
 pub mod redis;

@@ -1,6 +1,7 @@
 //! The flags that say where a ShardSet's queues live (`--redis`,
 //! `--shard-set` and the Redis credentials and TLS files), shared by
-//! `worker`, `ingest`, `route` and `top`, and the connection they make.
+//! `worker`, `ingest`, `route`, `top`, `tiers`, `tenant` and `dataplane
+//! apply`, and the connection they make.
 
 use lanekeeper::worker::env;
 use std::path::PathBuf;
@@ -51,11 +52,27 @@ impl RedisTarget {
             .shard_set
             .clone()
             .context("--shard-set <namespace>/<name> is required")?;
-        let mut url = lanekeeper::store::cluster_url(url, self.redis_cluster);
-        if let Some(user) = &self.redis_username {
-            url = lanekeeper::store::with_username(&url, user).map_err(anyhow::Error::msg)?;
-        }
+        self.connect_with(url, set, self.redis_cluster, self.redis_username.as_deref())
+            .await
+    }
+
+    /// Connect to `url` for `set` with this target's password and TLS
+    /// files (`dataplane apply` takes the URL, cluster flag and user name
+    /// from the ShardSet when the flags do not give them). The user name is
+    /// used only with a password. Errors show the URL redacted.
+    pub async fn connect_with(
+        &self,
+        url: &str,
+        set: lanekeeper::store::SetId,
+        cluster: bool,
+        username: Option<&str>,
+    ) -> anyhow::Result<lanekeeper::store::Store> {
+        use anyhow::Context;
+        let mut url = lanekeeper::store::cluster_url(url, cluster);
         if let Some(password) = &self.redis_password {
+            if let Some(user) = username {
+                url = lanekeeper::store::with_username(&url, user).map_err(anyhow::Error::msg)?;
+            }
             url = lanekeeper::store::with_password(&url, password).map_err(anyhow::Error::msg)?;
         }
         let tls = lanekeeper::store::RedisTls::from_files(

@@ -9,6 +9,8 @@
 //!   tenants when the shard count changes.
 //! - [`build`] and [`status`] are pure: objects and conditions from specs
 //!   and observations.
+//! - [`dataplane`] is what a spec writes into Redis, shared with
+//!   `lanekeeper dataplane apply` (no Kubernetes client).
 //! - [`context`] is the shared state (client, recorders, memos),
 //!   [`connections`] a set's Redis, [`api`] the small API-server helpers.
 
@@ -16,6 +18,7 @@ pub mod api;
 pub mod build;
 mod connections;
 mod context;
+pub mod dataplane;
 pub mod lane;
 pub mod leader;
 pub mod metrics;

@@ -4,7 +4,6 @@ mod apply;
 mod finalize;
 #[cfg(test)]
 pub(crate) mod mock_tests;
-mod overrides;
 mod redis;
 mod tiers;
 
@@ -17,6 +16,7 @@ use crate::controller::build::shard_selector;
 use crate::controller::build::PolicyViolation;
 use crate::controller::build::FIELD_MANAGER;
 use crate::controller::check_redis_secrets;
+use crate::controller::dataplane;
 use crate::controller::lane;
 use crate::controller::metrics::SHARDSET;
 use crate::controller::reshard;
@@ -38,7 +38,7 @@ use kube::runtime::controller::Action;
 use kube::runtime::events::EventType;
 use kube::runtime::reflector::ObjectRef;
 use kube::{Resource, ResourceExt};
-use redis::{replicated, restore_routing, run_reshard, sync_redis};
+use redis::{run_reshard, sync_redis};
 use std::sync::Arc;
 use std::time::Duration;
 use std::time::Instant;
@@ -131,7 +131,8 @@ async fn reconcile(set: Arc<ShardSet>, ctx: Arc<Context>) -> Result<Action, Erro
 /// One reconcile of a set, as a pipeline whose steps hand typed results on:
 /// finalize (a set being deleted stops here) → validate ([`validate`]: the
 /// effective set) → dereference ([`observe`]: what exists) → Redis
-/// ([`redis_step`]: connection, routing table, restore) → build ([`plan`]:
+/// ([`redis_step`]: connection, and what the spec writes into Redis,
+/// [`dataplane::apply_spec`]) → build ([`plan`]:
 /// the Deployments wanted, pure) → apply ([`apply::apply_and_prune`]) →
 /// Redis again ([`run_reshard`], [`sync_redis`]) → status ([`status_step`]).
 async fn reconcile_inner(set: &ShardSet, ctx: &Context) -> Result<Action, Error> {
@@ -164,7 +165,7 @@ async fn reconcile_inner(set: &ShardSet, ctx: &Context) -> Result<Action, Error>
     let plan = plan(set, &observed, redis.routing.as_ref().ok(), &mut memory.set)?;
     let shards = apply::apply_and_prune(set, ctx, &apis, &observed.deployments, &plan).await?;
 
-    // Redis: the reshard's plan and moves, queue policies, attribution
+    // Redis: the reshard's plan and moves; attribution for status
     let mut view = status::ReshardView::default();
     if let (Ok(store), Ok(_)) = (&redis.store, &redis.routing) {
         match run_reshard(
@@ -188,6 +189,8 @@ async fn reconcile_inner(set: &ShardSet, ctx: &Context) -> Result<Action, Error>
     if let Ok(v) = &mut synced {
         v.restored = redis.restored;
         v.epoch = redis.epoch;
+        v.tiers = redis.tiers;
+        v.overrides = redis.overrides;
     }
     status_step(set, ctx, &apis.sets, &observed.lanes, &shards, synced, view).await
 }
@@ -309,18 +312,24 @@ async fn observe(set: &ShardSet, apis: &Apis) -> Result<Observed, Error> {
     })
 }
 
-/// What the first Redis step found: the connection, the routing table, and
-/// the epoch mark (with what was restored when Redis had lost the set's state).
+/// What the first Redis step found and wrote: the connection, the routing
+/// table, the epoch mark (with what was restored when Redis had lost the
+/// set's state), and the tier and `spec.tenants` outcomes for status.
 struct RedisStep {
     store: Result<Store, String>,
     routing: Result<crate::routing::RoutingTable, String>,
     epoch: Option<String>,
     restored: Option<String>,
+    tiers: Option<crate::crd::TierAssignmentsStatus>,
+    overrides: Option<crate::crd::TenantOverridesStatus>,
 }
 
-/// Connect, read the routing table, restore it when Redis lost it, and
-/// write the durability producers read with it. Redis trouble is not the
-/// reconcile's failure: the status says so.
+/// Connect, and write what the spec says into Redis
+/// ([`dataplane::apply_spec`], the same call as `lanekeeper dataplane
+/// apply`): routing table (restored when Redis lost it), durability, queue
+/// policies, tiers, `spec.tenants`. A shard-count change is left to the
+/// reshard step. Redis trouble is not the reconcile's failure: the status
+/// says so. The notes of the apply become Events.
 async fn redis_step(
     set: &ShardSet,
     ctx: &Context,
@@ -328,57 +337,64 @@ async fn redis_step(
     memory: &mut reshard::SetMemory,
 ) -> RedisStep {
     let name = set.name_any();
-    let desired = set.spec.shards as u16;
-    let store = store_for(set, ctx).await;
-    let mut routing = match &store {
-        Ok(store) => store.routing().await.map_err(|e| e.to_string()),
-        Err(e) => Err(e.clone()),
+    let prev = set.status.as_ref();
+    let mut step = RedisStep {
+        store: store_for(set, ctx).await,
+        routing: Err(String::new()),
+        epoch: None,
+        restored: None,
+        tiers: prev.and_then(|s| s.tier_assignments.clone()),
+        overrides: prev.and_then(|s| s.tenant_overrides.clone()),
     };
-    // A table without the epoch mark: a new set, one from before the mark
-    // existed, or a Redis that lost its state. Rewrite what the controller
-    // knows (shard count, queue policies, lane pins) before anyone routes.
-    let mut restored = None;
-    let mut epoch = None;
-    if let (Ok(store), Ok(table)) = (&store, &routing) {
-        match restore_routing(set, store, table, &observed.lanes.all, desired).await {
-            Ok((mark, lost)) => {
-                epoch = Some(mark);
-                if let Some(what) = lost {
-                    warn!(set = %name, "{what}");
-                    // Whatever the reshard had planned lived in that Redis.
-                    memory.progress = None;
-                    ctx.event(
-                        &set.object_ref(&()),
-                        EventType::Warning,
-                        conditions::REDIS_STATE_LOST,
-                        "Restore",
-                        what.clone(),
-                    )
+    let store = match &step.store {
+        Ok(store) => store,
+        Err(e) => {
+            step.routing = Err(e.clone());
+            return step;
+        }
+    };
+    let sources = dataplane::Sources {
+        lanes: &observed.lanes.all,
+        // A shrink under way keeps the policies of its retiring queues.
+        min_queues: if memory.progress.is_some() {
+            observed.shards
+        } else {
+            0
+        },
+        tiers: &tiers::ConfigMapTiers {
+            client: ctx.client.clone(),
+        },
+        shard_change: dataplane::ShardChange::Defer,
+    };
+    match dataplane::apply_spec(set, store, sources).await {
+        Ok(applied) => {
+            if let Some(what) = &applied.lost {
+                warn!(set = %name, "{what}");
+                // Whatever the reshard had planned lived in that Redis.
+                memory.progress = None;
+            }
+            let object = set.object_ref(&());
+            for note in applied.notes {
+                let kind = if note.warning {
+                    EventType::Warning
+                } else {
+                    EventType::Normal
+                };
+                ctx.event(&object, kind, note.reason, note.action, note.message)
                     .await;
-                    restored = Some(what);
-                }
-                if table.epoch.is_none() {
-                    routing = store.routing().await.map_err(|e| e.to_string());
-                }
             }
-            Err(e) => warn!(set = %name, error = %e, "cannot restore the routing table; retrying"),
+            step.routing = Ok(applied.table);
+            step.epoch = Some(applied.epoch);
+            step.restored = applied.lost;
+            step.tiers = applied.tiers;
+            step.overrides = applied.overrides;
+        }
+        Err(e) => {
+            warn!(set = %name, error = %e, "cannot write the spec into Redis; retrying");
+            step.routing = store.routing().await.map_err(|e| e.to_string());
         }
     }
-    // What ingest's 202 means: producers read it with the routing table.
-    if let (Ok(store), Ok(table)) = (&store, &routing) {
-        let wanted = replicated(set);
-        if table.replicated != wanted {
-            if let Err(e) = store.set_durability(wanted).await {
-                warn!(set = %name, error = %e, "cannot write the durability setting; retrying");
-            }
-        }
-    }
-    RedisStep {
-        store,
-        routing,
-        epoch,
-        restored,
-    }
+    step
 }
 
 /// What the build step decided.

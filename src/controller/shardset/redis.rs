@@ -1,16 +1,17 @@
-//! The Redis steps of a ShardSet reconcile: restoring a lost routing table,
-//! the reshard's plan and moves, queue policies and attribution.
+//! The Redis steps of a ShardSet reconcile after its Deployments are
+//! applied: the reshard's plan and moves, and what status reads (attribution,
+//! pauses, settings). What the spec writes into Redis (routing table,
+//! restore, queue policies, tiers, `spec.tenants`) is
+//! `controller::dataplane::apply_spec`, called by the first Redis step.
 
 use super::apply::Shards;
 use super::set_labels;
 use super::Plan;
 use super::SetLanes;
-use crate::controller::lane;
 use crate::controller::reshard;
 use crate::controller::status;
 use crate::controller::Context;
 use crate::crd::conditions;
-use crate::crd::DedicatedLane;
 use crate::crd::ShardSet;
 use crate::policy::QueuePolicy;
 use crate::routing::QueueId;
@@ -18,77 +19,6 @@ use crate::store::Store;
 use kube::runtime::events::EventType;
 use kube::{Resource, ResourceExt};
 use std::time::Duration;
-
-/// `spec.redis.durability` as producers read it: the replica wait of `Replicated`.
-pub(super) fn replicated(set: &ShardSet) -> Option<Duration> {
-    match set.spec.redis.durability {
-        crate::crd::Durability::Fast => None,
-        crate::crd::Durability::Replicated => Some(set.spec.redis.replica_ack_timeout.into()),
-    }
-}
-
-/// Give the set's routing table its epoch mark, first rewriting what the
-/// controller knows when the mark is missing: the queue policies of the
-/// shards and lanes, the pins of the lanes that serve their tenants (from
-/// the DedicatedLanes' recorded phases), then the shard count, then the
-/// mark. Pins go before the shard count, so a producer never routes by a
-/// table that forgot a lane (it sees no table until the count is back).
-/// Returns the mark and, when Redis had lost the set's state (the status
-/// knew a mark, or lanes were pinned and the table is empty), what was
-/// restored.
-pub(super) async fn restore_routing(
-    set: &ShardSet,
-    store: &Store,
-    table: &crate::routing::RoutingTable,
-    lanes: &[DedicatedLane],
-    desired: u16,
-) -> Result<(String, Option<String>), crate::store::StoreError> {
-    if let Some(epoch) = &table.epoch {
-        return Ok((epoch.clone(), None));
-    }
-    let name = set.name_any();
-    let known = set.status.as_ref().and_then(|s| s.redis_epoch.clone());
-    let policy = QueuePolicy::from_spec(&set.spec);
-    let shards = if table.shards == 0 {
-        desired
-    } else {
-        table.shards
-    };
-    for n in 0..shards.max(desired) {
-        store.configure_queue(QueueId::Shard(n), &policy).await?;
-    }
-    let mut pins = Vec::new();
-    for lane in lanes.iter().filter(|l| l.spec.shard_set == name) {
-        if let Some(q) = lane.status.as_ref().and_then(lane::pinned_lane) {
-            store.configure_queue(q, &policy).await?;
-            if table.pins.get(&lane.spec.tenant) != Some(&q) {
-                store.pin(&lane.spec.tenant, q).await?;
-            }
-            pins.push(format!("{}→{q}", lane.spec.tenant));
-        }
-    }
-    store.set_durability(replicated(set)).await?;
-    if table.shards == 0 {
-        store.set_shards(desired).await?;
-    }
-    let mark = format!("{:016x}", rand::random::<u64>());
-    let held = store.mark_epoch(&mark).await?;
-    let lost = known.is_some() || (table.shards == 0 && !pins.is_empty());
-    let what = lost.then(|| {
-        format!(
-            "Redis lost this set's state: the routing table {} was gone{}. Restored: the shard count ({shards}), the queue policies of {} queues, and {}. Ingest answered 503 \"routing table missing\" and workers waited meanwhile. Envelopes queued before the loss, and the tenants' endpoints registered through ingest, were in that Redis too: re-register endpoints unless Redis restored them from persistence",
-            if known.is_some() { "and its epoch mark" } else { "" },
-            known.map(|k| format!(" (epoch {k}, now {held})")).unwrap_or_default(),
-            shards.max(desired) as usize + pins.len(),
-            if pins.is_empty() {
-                "no lane pins (no lane was serving a tenant)".to_string()
-            } else {
-                format!("the lane pins {}", pins.join(", "))
-            }
-        )
-    });
-    Ok((held, what))
-}
 
 /// Plan a shard-count change once the spec's shards are available, then
 /// advance its moves. Returns what status shows of it.
@@ -182,9 +112,9 @@ pub(super) async fn run_reshard(
     Ok(view)
 }
 
-/// Write the queue policies; read attribution and export queue depths.
+/// Read attribution, pauses and settings, and export queue depths.
 /// `shards`: the shard queues in use (more than the spec's while a shrink
-/// runs). The routing table's shard count is the reshard's to write.
+/// runs). Their policies were written by the first Redis step.
 pub(super) async fn sync_redis(
     set: &ShardSet,
     ctx: &Context,
@@ -192,7 +122,6 @@ pub(super) async fn sync_redis(
     shards: u16,
 ) -> Result<status::RedisView, String> {
     let store = store.as_ref().map_err(String::clone)?;
-    let policy = QueuePolicy::from_spec(&set.spec);
     let window: Duration = set.spec.promotion.window.into();
     let mut view = status::RedisView::default();
     let depth = |stats: &[crate::policy::attribution::TenantStats]| -> u64 {
@@ -207,10 +136,6 @@ pub(super) async fn sync_redis(
     };
     for n in 0..shards {
         let q = QueueId::Shard(n);
-        store
-            .configure_queue(q, &policy)
-            .await
-            .map_err(|e| e.to_string())?;
         let stats = store
             .tenant_stats(q, window)
             .await
@@ -246,8 +171,6 @@ pub(super) async fn sync_redis(
         .get_or_create(&set_labels(set))
         .set(set.spec.shards as i64);
     view.settings = store.redis_settings().await.map_err(|e| e.to_string());
-    view.tiers = super::tiers::sync_tiers(set, ctx, store).await;
-    view.overrides = super::overrides::sync_overrides(set, ctx, store, &view.paused).await;
     Ok(view)
 }
 

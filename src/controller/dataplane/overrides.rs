@@ -1,29 +1,30 @@
-//! The `spec.tenants` step of a ShardSet reconcile: per-tenant overrides a
-//! platform team keeps in Git. Weights, in-flight caps and rate limits go
-//! into the queue policies (`QueuePolicy::from_spec`, written by the queue
-//! sync before this step); this step writes the tiers into the set's spec
-//! tier hash and holds the `paused: true` tenants paused.
+//! The `spec.tenants` part of a spec's Redis writes: per-tenant overrides
+//! a platform team keeps in Git. Weights, in-flight caps and rate limits go
+//! into the queue policies (`QueuePolicy::from_spec`, written before this
+//! step); this step writes the tiers into the set's spec tier hash and holds
+//! the `paused: true` tenants paused.
 //!
 //! A pause is level-triggered: a tenant the spec holds paused and that is
 //! not paused (a hand resume, Redis restarted empty) is paused again, with
-//! an Event. A resume is edge-triggered and only for pauses the spec made:
-//! the set's record in Redis (`Store::paused_by_spec`) names each tenant
-//! this step paused, and a tenant in it that leaves the list (`paused`
-//! removed or false) is resumed once and forgotten. A tenant already paused
-//! by someone else when the spec asks is not recorded, so the spec never
-//! lifts a pause it did not make. The record lives with the pauses, not in
-//! status, so a stale read of status or a failed status write cannot lose
-//! it. Pauses and resumes are audited as `shardset:<ns>/<name>`.
+//! a note (the controller's Event). A resume is edge-triggered and only for
+//! pauses the spec made: the set's record in Redis (`Store::paused_by_spec`)
+//! names each tenant this step paused, and a tenant in it that leaves the
+//! list (`paused` removed or false) is resumed once and forgotten. A tenant
+//! already paused by someone else when the spec asks is not recorded, so
+//! the spec never lifts a pause it did not make. The record lives with the
+//! pauses, not in status, so a stale read of status or a failed status
+//! write cannot lose it (and `lanekeeper dataplane apply`, which has no
+//! status, keeps the same record). Pauses and resumes are audited as
+//! `shardset:<ns>/<name>`.
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use kube::runtime::events::EventType;
-use kube::{Resource, ResourceExt};
+use kube::ResourceExt;
 use tracing::warn;
 
-use crate::controller::Context;
+use super::Note;
 use crate::crd::{conditions, ShardSet, TenantOverridesStatus};
-use crate::routing::QueueId;
+use crate::routing::RoutingTable;
 use crate::store::Store;
 
 /// Pure: what the spec asks for, as (tiers, tenants held paused), and the
@@ -55,15 +56,16 @@ pub(crate) fn plan(
 }
 
 /// Apply the overrides Redis does not hold through the queue policies.
-/// `user_paused`: the tenants paused now, as the queue sync read them.
-/// Never fails the reconcile: what fails is said in status and an Event,
-/// and tried again at the next reconcile.
+/// `table`: the routing table as written (where each tenant lives, so only
+/// the queues of the tenants the spec holds paused are read). Never fails:
+/// what fails is said in the status (`message`) and a Warning note, and is
+/// tried again at the next apply. Returns what status shows and the notes.
 pub(super) async fn sync_overrides(
     set: &ShardSet,
-    ctx: &Context,
     store: &Store,
-    user_paused: &[(QueueId, String)],
-) -> Option<TenantOverridesStatus> {
+    table: &RoutingTable,
+) -> (Option<TenantOverridesStatus>, Vec<Note>) {
+    let mut notes = Vec::new();
     let prev = set
         .status
         .as_ref()
@@ -72,19 +74,21 @@ pub(super) async fn sync_overrides(
         Ok(r) => r,
         Err(e) => {
             warn!(set = %set.name_any(), error = %e, "cannot read the spec's pauses; retrying");
-            return prev.cloned();
+            return (prev.cloned(), notes);
         }
     };
     if set.spec.tenants.is_empty() && recorded.is_empty() {
         // nothing asked and nothing to undo; drop the tiers an earlier spec
-        // set (only when status says there was one: no write per reconcile)
-        if prev.is_some() {
+        // set (only when status says there was one, or there is no status
+        // to say: a first reconcile, or `dataplane apply`; no write per
+        // reconcile)
+        if prev.is_some() || set.status.is_none() {
             if let Err(e) = store.put_spec_tiers(&BTreeMap::new()).await {
                 warn!(set = %set.name_any(), error = %e, "cannot clear the spec's tier assignments; retrying");
-                return prev.cloned();
+                return (prev.cloned(), notes);
             }
         }
-        return None;
+        return (None, notes);
     }
     let (tiers, paused, resume) = plan(set, &recorded);
     let mut failed: Vec<String> = Vec::new();
@@ -96,9 +100,16 @@ pub(super) async fn sync_overrides(
         set.namespace().unwrap_or_default(),
         set.name_any()
     );
-    let now_paused: BTreeSet<&str> = user_paused.iter().map(|(_, t)| t.as_str()).collect();
-    let object = set.object_ref(&());
-    for t in paused.iter().filter(|t| !now_paused.contains(t.as_str())) {
+    // Paused now: read in the queues the held tenants live in, only.
+    let mut now_paused: BTreeSet<String> = BTreeSet::new();
+    let queues: BTreeSet<_> = paused.iter().map(|t| table.route(t)).collect();
+    for q in queues {
+        match store.user_paused(q).await {
+            Ok(ts) => now_paused.extend(ts),
+            Err(e) => failed.push(format!("read the pauses of {q}: {}", e.kind())),
+        }
+    }
+    for t in paused.iter().filter(|t| !now_paused.contains(*t)) {
         match store
             .user_pause_audited(t, true, &who, Some("spec.tenants[].paused"))
             .await
@@ -109,15 +120,11 @@ pub(super) async fn sync_overrides(
                 if let Err(e) = store.mark_paused_by_spec(t, true).await {
                     failed.push(format!("record the pause of {t}: {}", e.kind()));
                 }
-                let note = format!("paused tenant {t} in {} (spec.tenants[].paused)", o.queue);
-                ctx.event(
-                    &object,
-                    EventType::Normal,
+                notes.push(Note::normal(
                     conditions::PAUSED_BY_SPEC,
                     "PauseTenant",
-                    note,
-                )
-                .await;
+                    format!("paused tenant {t} in {} (spec.tenants[].paused)", o.queue),
+                ));
             }
             Ok(_) => {}
             Err(e) => failed.push(format!("pause {t}: {}", e.kind())),
@@ -133,18 +140,14 @@ pub(super) async fn sync_overrides(
                     failed.push(format!("forget the pause of {t}: {}", e.kind()));
                 }
                 if o.changed {
-                    let note = format!(
-                        "resumed tenant {t} in {} (no longer paused in spec.tenants)",
-                        o.queue
-                    );
-                    ctx.event(
-                        &object,
-                        EventType::Normal,
+                    notes.push(Note::normal(
                         conditions::RESUMED_BY_SPEC,
                         "ResumeTenant",
-                        note,
-                    )
-                    .await;
+                        format!(
+                            "resumed tenant {t} in {} (no longer paused in spec.tenants)",
+                            o.queue
+                        ),
+                    ));
                 }
             }
             Err(e) => failed.push(format!("resume {t}: {}", e.kind())),
@@ -162,14 +165,11 @@ pub(super) async fn sync_overrides(
     if let Some(m) = &message {
         warn!(set = %set.name_any(), "spec.tenants: {m}");
         if prev.and_then(|p| p.message.as_ref()) != Some(m) {
-            ctx.event(
-                &object,
-                EventType::Warning,
+            notes.push(Note::warning(
                 conditions::TENANT_OVERRIDE_FAILED,
                 "ApplyOverrides",
                 m.clone(),
-            )
-            .await;
+            ));
         }
     }
     // what the spec holds paused now, as the record says (at most the
@@ -178,11 +178,12 @@ pub(super) async fn sync_overrides(
         .paused_by_spec()
         .await
         .unwrap_or_else(|_| paused.iter().cloned().collect());
-    Some(TenantOverridesStatus {
+    let status = TenantOverridesStatus {
         tenants: set.spec.tenants.len() as i32,
         paused: held.into_iter().take(1000).collect(),
         message,
-    })
+    };
+    (Some(status), notes)
 }
 
 #[cfg(test)]
