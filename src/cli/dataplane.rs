@@ -195,6 +195,14 @@ fn check(mut set: ShardSet, args: &ApplyArgs, tiers: Option<&str>) -> anyhow::Re
             "spec.redis.urlSecretRef names a Secret, and there is no Kubernetes to read it from: give the URL with --redis (or LANEKEEPER_REDIS_URL)"
         ),
     };
+    if let Some(tls) = &set.spec.redis.tls {
+        if tls.ca_secret_ref.is_some() && args.target.redis_ca_file.is_none() {
+            anyhow::bail!("spec.redis.tls.caSecretRef names a Secret, and there is no Kubernetes to read it from: give the CA with --redis-ca-file (or LANEKEEPER_REDIS_CA_FILE)");
+        }
+        if tls.client_cert_secret_ref.is_some() && args.target.redis_client_cert_file.is_none() {
+            anyhow::bail!("spec.redis.tls.clientCertSecretRef names a Secret, and there is no Kubernetes to read it from: give --redis-client-cert-file and --redis-client-key-file");
+        }
+    }
     if let Some(spec) = &set.spec.scheduler.tier_assignments {
         let Some(text) = tiers else {
             anyhow::bail!(

@@ -24,6 +24,7 @@
 //! | --- | --- |
 //! | cluster | cluster; lanekeeper worker, ingest, top, simulate; receiver |
 //! | dataplane | redis |
+//! | dataplane_apply | redis (dedicated, restarted); lanekeeper dataplane apply, ingest-key, worker, ingest, tiers; receiver (no Kubernetes) |
 //! | demo | full, redis; lanekeeper controller, worker, ingest; receiver |
 //! | e2e_apiload | full, redis; lanekeeper controller |
 //! | e2e_cluster | full |

@@ -286,10 +286,11 @@ pub enum SpecError {
 /// The checks of a spec that need neither Redis nor Kubernetes: the
 /// controller's own (its build of the shard Deployments, and the Redis
 /// credentials rule), then those of the CRD's schema that have a Rust
-/// equivalent and guard what goes into Redis keys: the set's name (at most
-/// 52 characters, the CEL rule), `spec.tenants[].tenant` (the tenant id
-/// rule), `spec.tenants[].tier` (the tier name rule), one entry per tenant
-/// (the list-map key). Pure; a set not read from the API server is built
+/// equivalent and guard what goes into Redis keys or where the CLI
+/// connects: the set's name and namespace (RFC 1123; the name at most 52
+/// characters, the CEL rule), `spec.redis.url` (scheme, no credentials),
+/// `spec.tenants[].tenant` (the tenant id rule), `spec.tenants[].tier` (the
+/// tier name rule), one entry per tenant (the list-map key). Pure; a set not read from the API server is built
 /// with a stand-in uid.
 pub fn check_spec(set: &ShardSet) -> Result<(), SpecError> {
     let field = |field: &str, message: String| SpecError::Field {
@@ -302,6 +303,42 @@ pub fn check_spec(set: &ShardSet) -> Result<(), SpecError> {
     }
     if name.len() > 52 {
         return Err(field("metadata.name", "must be at most 52 characters: it prefixes the shard and lane Deployment names (<name>-shard-NNNN), which must fit a 63-character label".into()));
+    }
+    // What the API server asks of a name and a namespace (RFC 1123): the
+    // set id `<namespace>/<name>` is part of every Redis key of the set.
+    let rfc1123 = |s: &str, dots: bool| {
+        let ok_char = |c: char| {
+            c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-' || (dots && c == '.')
+        };
+        let edge =
+            |c: Option<char>| c.is_some_and(|c| c.is_ascii_lowercase() || c.is_ascii_digit());
+        s.chars().all(ok_char) && edge(s.chars().next()) && edge(s.chars().last())
+    };
+    if !rfc1123(name, true) {
+        return Err(field("metadata.name", format!("{name:?} is not a valid name: lower case letters, digits, '-' and '.', starting and ending with a letter or digit")));
+    }
+    if let Some(ns) = &set.metadata.namespace {
+        if ns.len() > 63 || !rfc1123(ns, false) {
+            return Err(field("metadata.namespace", format!("{ns:?} is not a valid namespace: at most 63 lower case letters, digits and '-', starting and ending with a letter or digit")));
+        }
+    }
+    // The CEL rules on spec.redis.url.
+    if let Some(url) = &set.spec.redis.url {
+        let rest = [
+            "rediss+cluster://",
+            "redis+cluster://",
+            "rediss://",
+            "redis://",
+        ]
+        .iter()
+        .find_map(|p| url.strip_prefix(p));
+        match rest {
+            None => return Err(field("spec.redis.url", "must start with redis://, rediss://, redis+cluster:// or rediss+cluster://".into())),
+            Some(rest) if rest.split('/').next().unwrap_or_default().contains('@') => {
+                return Err(field("spec.redis.url", "must not carry credentials; use passwordSecretRef or urlSecretRef (or, without Kubernetes, --redis-password)".into()))
+            }
+            Some(_) => {}
+        }
     }
     let mut built = set.clone();
     built
@@ -389,6 +426,18 @@ mod tests {
         );
         let e = with(serde_json::json!({"tenants": [{"tenant": "a", "tier": "no good"}]}));
         assert!(e.starts_with("spec.tenants[0].tier"), "{e}");
+        let e = with(serde_json::json!({"redis": {"url": "redis://:pw@r:6379"}}));
+        assert!(e.starts_with("spec.redis.url") && !e.contains("pw@"), "{e}");
+        let e = with(serde_json::json!({"redis": {"url": "http://r:6379"}}));
+        assert!(e.starts_with("spec.redis.url"), "{e}");
+        let mut bad = set(base());
+        bad.metadata.namespace = Some("a/b".into());
+        let e = check_spec(&bad).unwrap_err().to_string();
+        assert!(e.starts_with("metadata.namespace"), "{e}");
+        bad.metadata.namespace = None;
+        bad.metadata.name = Some("Hooks".into());
+        let e = check_spec(&bad).unwrap_err().to_string();
+        assert!(e.starts_with("metadata.name"), "{e}");
         let mut long = set(base());
         long.metadata.name = Some("x".repeat(53));
         let e = check_spec(&long).unwrap_err().to_string();
