@@ -52,6 +52,12 @@ enum DataplaneCommand {
 }
 
 #[derive(clap::Args, Debug)]
+// The set comes from each document (--shard-set, if given, must agree) and
+// the URL may come from spec.redis.url.
+#[command(
+    mut_arg("redis", |a| a.required(false)),
+    mut_arg("shard_set", |a| a.required(false))
+)]
 struct ApplyArgs {
     /// ShardSet YAML: one document or several (`---`); `-` reads stdin.
     #[arg(long, short = 'f', value_name = "PATH")]

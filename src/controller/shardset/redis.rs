@@ -122,6 +122,8 @@ pub(super) async fn sync_redis(
     shards: u16,
 ) -> Result<status::RedisView, String> {
     let store = store.as_ref().map_err(String::clone)?;
+    // Read here only for the queue health figures (weights, first estimate).
+    let policy = QueuePolicy::from_spec(&set.spec);
     let window: Duration = set.spec.promotion.window.into();
     let mut view = status::RedisView::default();
     let depth = |stats: &[crate::policy::attribution::TenantStats]| -> u64 {
