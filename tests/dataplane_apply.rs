@@ -655,6 +655,23 @@ async fn what_needs_kubernetes_or_the_controller_is_refused_by_field_with_nothin
     );
     let e = run(&f, &[]);
     assert!(e.contains("spec.worker") && e.contains("image"), "{e}");
+    // a misspelt field is named, not dropped (kubectl --validate=strict
+    // refuses it as well)
+    let f = write(
+        &dir,
+        "typo.yaml",
+        &shardset(
+            "hooks",
+            url,
+            2,
+            "  scheduler:\n    maxInFlightPerTenat: 8\n  tenants:\n    - tenant: acme\n      weigth: 2\n",
+        ),
+    );
+    let e = run(&f, &[]);
+    assert!(
+        e.contains("unknown fields spec.scheduler.maxInFlightPerTenat, spec.tenants.0.weigth"),
+        "{e}"
+    );
     let f = write(&dir, "shards0.yaml", &shardset("hooks", url, 0, ""));
     let e = run(&f, &[]);
     assert!(e.contains("spec.shards 0 is out of range"), "{e}");

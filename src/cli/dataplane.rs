@@ -166,10 +166,28 @@ fn parse(text: &str) -> anyhow::Result<Vec<ShardSet>> {
                 kind.as_deref().unwrap_or("(missing)")
             ),
         }
-        let set: ShardSet = serde_path_to_error::deserialize(value).map_err(|e| {
+        // A field the ShardSet does not have is a typo to name, not to
+        // drop: `kubectl apply --validate=strict` refuses it too.
+        let mut unknown = Vec::new();
+        let set: ShardSet = serde_path_to_error::deserialize(serde_ignored::Deserializer::new(
+            value,
+            // apiVersion and kind were checked above; the type does not keep them
+            &mut |path: serde_ignored::Path| match path.to_string().as_str() {
+                "apiVersion" | "kind" => {}
+                other => unknown.push(other.to_string()),
+            },
+        ))
+        .map_err(|e| {
             let path = e.path().to_string();
             anyhow::anyhow!("document {n}: {path}: {}", e.into_inner())
         })?;
+        if !unknown.is_empty() {
+            anyhow::bail!(
+                "document {n}: unknown field{} {}: a ShardSet has no such field (misspelt?)",
+                if unknown.len() == 1 { "" } else { "s" },
+                unknown.join(", ")
+            );
+        }
         out.push(set);
     }
     Ok(out)
