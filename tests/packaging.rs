@@ -1371,6 +1371,133 @@ fn promql_metrics(expr: &str) -> BTreeSet<String> {
     out
 }
 
+/// Label names of the served series (`name{a="x",b="y"} v` lines).
+fn served_labels(text: &str) -> BTreeSet<String> {
+    let mut out = BTreeSet::new();
+    for line in text.lines().filter(|l| !l.starts_with('#')) {
+        let Some(open) = line.find('{') else { continue };
+        let mut rest = &line[open + 1..];
+        while let Some(eq) = rest.find('=') {
+            out.insert(rest[..eq].trim_start_matches(',').trim().to_string());
+            // the quoted value, escapes included
+            let value = &rest[eq + 2..];
+            let mut end = 0;
+            let mut escaped = false;
+            for (i, c) in value.char_indices() {
+                match (escaped, c) {
+                    (true, _) => escaped = false,
+                    (false, '\\') => escaped = true,
+                    (false, '"') => {
+                        end = i;
+                        break;
+                    }
+                    _ => {}
+                }
+            }
+            rest = &value[end + 1..];
+            if rest.starts_with('}') {
+                break;
+            }
+        }
+    }
+    out
+}
+
+/// Label names a PromQL expression uses: in matchers (`{name=~"..."}`) and
+/// in `by`/`without`/`on`/`ignoring`/`group_left`/`group_right` lists.
+fn promql_labels(expr: &str) -> BTreeSet<String> {
+    const LABEL_LISTS: [&str; 6] = [
+        "by",
+        "without",
+        "on",
+        "ignoring",
+        "group_left",
+        "group_right",
+    ];
+    let chars: Vec<char> = expr.chars().collect();
+    let ident = |i: usize| -> (String, usize) {
+        let mut j = i;
+        while j < chars.len() && (chars[j].is_alphanumeric() || chars[j] == '_') {
+            j += 1;
+        }
+        (chars[i..j].iter().collect(), j)
+    };
+    let mut out = BTreeSet::new();
+    let (mut i, mut brace, mut list) = (0, false, false);
+    while i < chars.len() {
+        let c = chars[i];
+        match c {
+            '"' | '\'' | '`' => {
+                i += 1;
+                while i < chars.len() && chars[i] != c {
+                    i += if chars[i] == '\\' { 2 } else { 1 };
+                }
+            }
+            '{' => brace = true,
+            '}' => brace = false,
+            '(' if list => {
+                i += 1;
+                while i < chars.len() && chars[i] != ')' {
+                    if chars[i].is_alphabetic() || chars[i] == '_' {
+                        let (name, j) = ident(i);
+                        out.insert(name);
+                        i = j;
+                    } else {
+                        i += 1;
+                    }
+                }
+                list = false;
+            }
+            '$' => {
+                // a Grafana variable
+                i = ident(i + 1).1;
+                continue;
+            }
+            _ if c.is_alphabetic() || c == '_' => {
+                let (word, j) = ident(i);
+                if brace {
+                    out.insert(word);
+                } else if LABEL_LISTS.contains(&word.as_str()) {
+                    list = true;
+                }
+                i = j;
+                continue;
+            }
+            _ => {}
+        }
+        i += 1;
+    }
+    out
+}
+
+/// Labels `exprs` use that no served series carries and no scrape adds.
+fn unknown_labels(exprs: &[(String, String)], labels: &BTreeSet<String>) -> Vec<String> {
+    let mut unknown = Vec::new();
+    for (where_, e) in exprs {
+        for l in promql_labels(e) {
+            if !labels.contains(&l) {
+                unknown.push(format!("{where_}: label {l} (in {e})"));
+            }
+        }
+    }
+    unknown
+}
+
+#[test]
+fn promql_label_extraction() {
+    let got = promql_labels(
+        r#"histogram_quantile(0.95, sum by (queue, le) (rate(lanekeeper_queue_wait_seconds_bucket{namespace=~"$namespace", x="a{b}=c"}[$__rate_interval]) unless on (namespace, tenant) (m > $small_share))) and topk($topk, up)"#,
+    );
+    let want: BTreeSet<String> = ["le", "namespace", "queue", "tenant", "x"]
+        .map(String::from)
+        .into();
+    assert_eq!(got, want);
+    let served = served_labels(
+        "# TYPE a counter\na_total{queue=\"shard-00\",class=\"a \\\"b\\\" c\"} 1\nb 2\n",
+    );
+    assert_eq!(served, ["class", "queue"].map(String::from).into());
+}
+
 #[test]
 fn promql_metric_extraction() {
     let got = promql_metrics(
@@ -1758,6 +1885,59 @@ fn dashboards_alerts_and_autoscaling_name_only_metrics_the_binaries_serve() {
         "metrics that neither `lanekeeper controller` nor `lanekeeper worker` serve:\n{}",
         unknown.join("\n")
     );
+    // Labels: those the binaries' series carry, those the PodMonitor's
+    // relabelings add, and the target labels prometheus-operator adds.
+    let mut labels = served_labels(&controller);
+    labels.extend(served_labels(&worker));
+    let pod_monitor: Value =
+        serde_yaml::from_str(&read("config/monitoring/podmonitor-workers.yaml")).unwrap();
+    for ep in pod_monitor["spec"]["podMetricsEndpoints"]
+        .as_sequence()
+        .unwrap()
+    {
+        for r in ep["relabelings"].as_sequence().into_iter().flatten() {
+            labels.insert(r["targetLabel"].as_str().unwrap().to_string());
+        }
+    }
+    labels.extend(
+        [
+            "namespace",
+            "pod",
+            "container",
+            "endpoint",
+            "service",
+            "job",
+            "instance",
+        ]
+        .map(String::from),
+    );
+    let mut legends = Vec::new();
+    for p in dash["panels"].as_array().unwrap() {
+        for t in p["targets"].as_array().into_iter().flatten() {
+            let legend = t["legendFormat"].as_str().unwrap_or_default();
+            for part in legend.split("{{").skip(1) {
+                let name = part.split("}}").next().unwrap().trim();
+                legends.push((
+                    format!("legend of {}", p["title"]),
+                    format!("x{{{name}=\"\"}}"),
+                ));
+            }
+        }
+    }
+    let unknown = unknown_labels(&[exprs.clone(), legends].concat(), &labels);
+    assert!(
+        unknown.is_empty(),
+        "labels no served series carries (served and added: {labels:?}):\n{}",
+        unknown.join("\n")
+    );
+    // The check sees a misspelt label.
+    let broken = [(
+        "a panel".to_string(),
+        "sum by (queu) (lanekeeper_in_flight)".to_string(),
+    )];
+    let unknown = unknown_labels(&broken, &labels);
+    eprintln!("a panel grouping by a label nothing carries, as expected: {unknown:?}");
+    assert_eq!(unknown.len(), 1, "{unknown:?}");
     // The check sees a panel naming a metric no binary serves.
     let mut broken = dash.clone();
     broken["panels"][5]["targets"][0]["expr"] =
