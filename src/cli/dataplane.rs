@@ -12,8 +12,7 @@
 //! `--tiers-file`), and a change of the shard count of a set whose table
 //! has one (a reshard moves tenants; only the controller runs it).
 
-use std::io::Read;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use anyhow::Context as _;
 use serde::Deserialize;
@@ -96,9 +95,13 @@ struct Doc {
 }
 
 async fn apply(args: ApplyArgs) -> anyhow::Result<()> {
-    let text = read(&args.file)?;
+    let text = super::read_input(&args.file, MAX_FILE_BYTES)?;
     let sets = parse(&text).with_context(|| args.file.display().to_string())?;
-    let tiers_text = args.tiers_file.as_deref().map(read).transpose()?;
+    let tiers_text = args
+        .tiers_file
+        .as_deref()
+        .map(|f| super::read_input(f, MAX_FILE_BYTES))
+        .transpose()?;
     // Check everything before writing anything.
     let mut docs = Vec::new();
     for (i, set) in sets.into_iter().enumerate() {
@@ -451,34 +454,6 @@ fn json_report(doc: &Doc, a: &Applied) -> serde_json::Value {
             "reason": n.reason,
             "message": n.message,
         })).collect::<Vec<_>>(),
-    })
-}
-
-fn read(file: &Path) -> anyhow::Result<String> {
-    let mut bytes = Vec::new();
-    let n = if file.as_os_str() == "-" {
-        std::io::stdin()
-            .lock()
-            .take(MAX_FILE_BYTES + 1)
-            .read_to_end(&mut bytes)?
-    } else {
-        std::fs::File::open(file)
-            .map_err(|e| anyhow::anyhow!("{}: {e}", file.display()))?
-            .take(MAX_FILE_BYTES + 1)
-            .read_to_end(&mut bytes)?
-    };
-    anyhow::ensure!(
-        n as u64 <= MAX_FILE_BYTES,
-        "{}: larger than {} MiB",
-        file.display(),
-        MAX_FILE_BYTES >> 20
-    );
-    String::from_utf8(bytes).map_err(|e| {
-        anyhow::anyhow!(
-            "{}: not UTF-8 (at byte {})",
-            file.display(),
-            e.utf8_error().valid_up_to()
-        )
     })
 }
 

@@ -3,7 +3,6 @@
 //! same `policy::tiers` rules and written by the same store call), and show
 //! one tenant's tier and where it comes from.
 
-use std::io::Read;
 use std::path::PathBuf;
 
 use super::redis::RedisTarget;
@@ -47,7 +46,7 @@ enum TiersCommand {
 pub async fn run(args: TiersArgs) -> anyhow::Result<()> {
     match args.command {
         TiersCommand::Apply { file, target } => {
-            let text = read(&file)?;
+            let text = super::read_input(&file, MAX_FILE_BYTES)?;
             let (good, bad) = parse_assignments(&text, true, MAX_FILE_ASSIGNMENTS, |t| {
                 lanekeeper::envelope::validate_tenant(t).map_err(|e| e.reason)
             });
@@ -94,32 +93,4 @@ pub async fn run(args: TiersArgs) -> anyhow::Result<()> {
         }
     }
     Ok(())
-}
-
-fn read(file: &PathBuf) -> anyhow::Result<String> {
-    let mut bytes = Vec::new();
-    let n = if file.as_os_str() == "-" {
-        std::io::stdin()
-            .lock()
-            .take(MAX_FILE_BYTES + 1)
-            .read_to_end(&mut bytes)?
-    } else {
-        std::fs::File::open(file)
-            .map_err(|e| anyhow::anyhow!("{}: {e}", file.display()))?
-            .take(MAX_FILE_BYTES + 1)
-            .read_to_end(&mut bytes)?
-    };
-    anyhow::ensure!(
-        n as u64 <= MAX_FILE_BYTES,
-        "{}: larger than {} MiB",
-        file.display(),
-        MAX_FILE_BYTES >> 20
-    );
-    String::from_utf8(bytes).map_err(|e| {
-        anyhow::anyhow!(
-            "{}: not UTF-8 (at byte {})",
-            file.display(),
-            e.utf8_error().valid_up_to()
-        )
-    })
 }
