@@ -23,6 +23,7 @@ use serde::Deserialize;
 use serde_yaml::Value;
 use support::controlplane::{self, ControlPlane};
 use support::process;
+use support::tools::{helm, helm_ok};
 
 const RELEASE: &str = "lk";
 /// Names the chart gives the controller's objects for release `lk`.
@@ -40,74 +41,6 @@ fn read(rel: &str) -> String {
 }
 
 // ---------------------------------------------------------------- helm
-
-/// The helm binary: `$LANEKEEPER_HELM`, or the one `tests/helm/install.sh`
-/// builds (pinned, cached) from the Go module proxy.
-fn helm_bin() -> PathBuf {
-    static BIN: OnceLock<PathBuf> = OnceLock::new();
-    BIN.get_or_init(|| {
-        if let Some(p) = std::env::var_os("LANEKEEPER_HELM") {
-            let p = PathBuf::from(p);
-            assert!(
-                p.is_file(),
-                "LANEKEEPER_HELM={} is not a file; unset it to use the pinned helm from tests/helm/install.sh",
-                p.display()
-            );
-            return p;
-        }
-        let script = repo().join("tests/helm/install.sh");
-        let out = Command::new("bash")
-            .arg(&script)
-            .stderr(std::process::Stdio::inherit())
-            .output()
-            .unwrap_or_else(|e| panic!("cannot run {}: {e}", script.display()));
-        assert!(
-            out.status.success(),
-            "helm is missing and {} could not build it (see its output above). It compiles \
-             helm.sh/helm/v3 with Go >= 1.24 through the Go module proxy; install Go \
-             (`apt-get install golang`) and rerun, or set LANEKEEPER_HELM=/path/to/helm",
-            script.display()
-        );
-        let dir = String::from_utf8_lossy(&out.stdout)
-            .lines()
-            .last()
-            .unwrap_or_default()
-            .trim()
-            .to_string();
-        let bin = PathBuf::from(dir).join("helm");
-        assert!(
-            bin.is_file(),
-            "{} printed no helm bin directory; run `bash tests/helm/install.sh` to see why",
-            script.display()
-        );
-        bin
-    })
-    .clone()
-}
-
-/// `helm` with private config, cache and data directories.
-fn helm() -> Command {
-    static HOME: OnceLock<PathBuf> = OnceLock::new();
-    let home = HOME.get_or_init(|| process::scratch_dir("helm-home"));
-    let mut cmd = Command::new(helm_bin());
-    cmd.env("HELM_CONFIG_HOME", home.join("config"))
-        .env("HELM_CACHE_HOME", home.join("cache"))
-        .env("HELM_DATA_HOME", home.join("data"))
-        .current_dir(repo());
-    cmd
-}
-
-fn helm_ok(args: &[&str]) -> String {
-    let out = helm().args(args).output().expect("run helm");
-    assert!(
-        out.status.success(),
-        "helm {} failed:\n{}{}",
-        args.join(" "),
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8(out.stdout).expect("helm prints UTF-8")
-}
 
 /// The chart rendered as `helm template <release> charts/lanekeeper -n <ns> <set...>`.
 fn render(release: &str, ns: &str, set: &[&str]) -> String {

@@ -61,4 +61,4 @@ pub mod infra;
 
 pub use bodies::{batch, buckets, dataplane, health, integrity, isolation, model};
 pub use env::{lanes, reshard, scenario};
-pub use infra::{controlplane, process, receiver, redis, workers};
+pub use infra::{controlplane, process, receiver, redis, tools, workers};
