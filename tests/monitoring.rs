@@ -13,6 +13,9 @@
 //! - `kubectl apply --dry-run=server --validate=strict` of config/monitoring,
 //!   config/autoscaling and the chart with its monitoring options, against a
 //!   real kube-apiserver holding prometheus-operator's and KEDA's own CRDs;
+//! - KEDA's own admission checks (`tests/keda`: the pure part of its
+//!   validating webhook, at the KEDA version pinned there) on every
+//!   ScaledObject of config/autoscaling;
 //! - config/monitoring's ServiceMonitor and the chart's coexist in one
 //!   namespace, and its selector picks the controller Service of both
 //!   config/default and the chart.
@@ -677,6 +680,80 @@ fn apply_strict(cp: &ControlPlane, manifests: &str) -> Result<String, String> {
         Ok(output_text(&out))
     } else {
         Err(output_text(&out))
+    }
+}
+
+/// `keda-check` (`tests/keda/install.sh`, or `LANEKEEPER_KEDA_CHECK`) on
+/// `files`: Ok(its report) when KEDA's checks accept every ScaledObject.
+fn keda_check(files: &[PathBuf]) -> Result<String, String> {
+    static BIN: OnceLock<PathBuf> = OnceLock::new();
+    let bin = BIN.get_or_init(|| {
+        installed(
+            "tests/keda/install.sh",
+            "keda-check",
+            "LANEKEEPER_KEDA_CHECK",
+        )
+    });
+    let out = Command::new(bin)
+        .args(files)
+        .output()
+        .expect("run keda-check");
+    let text = output_text(&out);
+    match out.status.code() {
+        Some(0) => Ok(text),
+        Some(1) => Err(text),
+        _ => panic!("keda-check could not check {files:?}:\n{text}"),
+    }
+}
+
+#[test]
+fn autoscaling_examples_pass_kedas_own_admission_checks() {
+    let mut files = Vec::new();
+    for entry in std::fs::read_dir(repo().join("config/autoscaling")).unwrap() {
+        let path = entry.unwrap().path();
+        if path.extension().is_some_and(|e| e == "yaml") {
+            files.push(path);
+        }
+    }
+    files.sort();
+    let report = keda_check(&files).unwrap_or_else(|e| panic!("KEDA refuses:\n{e}"));
+    eprintln!("{report}");
+    assert_eq!(
+        report.matches(": accepted").count(),
+        files.len(),
+        "{report}"
+    );
+
+    // What the CRD schema lets through and KEDA's webhook does not.
+    let dir = process::scratch_dir("keda-check");
+    let example = read("config/autoscaling/keda-scaledobject.yaml");
+    let breaks = [
+        (
+            "a minimum above the maximum",
+            example.replace("minReplicaCount: 1", "minReplicaCount: 30"),
+            "must be less than MaxReplicaCount",
+        ),
+        (
+            "a negative fallback",
+            example.replace("    replicas: 4", "    replicas: -1"),
+            "greater than or equal to 0",
+        ),
+        (
+            "two triggers of one name",
+            example.replace(
+                "    - type: prometheus\n",
+                "    - type: prometheus\n      name: drain\n      metadata: {serverAddress: http://p:9090, query: up, threshold: \"1\"}\n    - type: prometheus\n      name: drain\n",
+            ),
+            "is defined multiple times",
+        ),
+    ];
+    for (what, broken, says) in breaks {
+        assert_ne!(broken, example, "{what}: the break did not apply");
+        let path = dir.join("broken.yaml");
+        std::fs::write(&path, &broken).unwrap();
+        let err = keda_check(&[path]).expect_err(what);
+        eprintln!("{what}, as expected: {err}");
+        assert!(err.contains(says), "{what}: {err}");
     }
 }
 
