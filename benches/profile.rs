@@ -16,7 +16,9 @@
 //! `BENCH_ANNOTATE=1` also prints the costliest functions of each phase
 //! (inclusive; names need a `redis-server` with symbols on PATH), and
 //! `BENCH_CALLGRIND_OUT=<dir>` keeps each phase's dump there, named by
-//! phase, for `callgrind_annotate`.
+//! phase, for `callgrind_annotate`. `BENCH_REDIS_ARGS="--name value ..."`
+//! starts the server with more settings, to count what one would change
+//! (e.g. `--hash-max-listpack-entries 0`).
 //! The last line is `RESULT ir_per_delivery_k1=<x> ir_per_delivery_k16=<y>
 //! k16_vs_k1=<y/x> raw_ir_per_cycle=<z>` (10 tenants).
 
@@ -60,6 +62,7 @@ impl Callgrind {
             .arg(server)
             .args(["--bind", "127.0.0.1", "--port", &port.to_string()])
             .args(["--save", "", "--appendonly", "no"])
+            .args(std::env::var("BENCH_REDIS_ARGS").unwrap_or_default().split_whitespace())
             .arg("--dir")
             .arg(&dir);
         let log = dir.join("redis.log");
