@@ -62,7 +62,11 @@ impl Callgrind {
             .arg(server)
             .args(["--bind", "127.0.0.1", "--port", &port.to_string()])
             .args(["--save", "", "--appendonly", "no"])
-            .args(std::env::var("BENCH_REDIS_ARGS").unwrap_or_default().split_whitespace())
+            .args(
+                std::env::var("BENCH_REDIS_ARGS")
+                    .unwrap_or_default()
+                    .split_whitespace(),
+            )
             .arg("--dir")
             .arg(&dir);
         let log = dir.join("redis.log");
