@@ -306,15 +306,7 @@ impl TierSource for FileTiers {
 /// concurrency, which are the worker's flags, not Redis's.
 fn worker_env(set: &ShardSet) -> Vec<(String, String)> {
     use lanekeeper::worker::env;
-    let mut built = set.clone();
-    built
-        .metadata
-        .namespace
-        .get_or_insert_with(|| "default".into());
-    built
-        .metadata
-        .uid
-        .get_or_insert_with(|| "00000000-0000-0000-0000-000000000000".into());
+    let built = dataplane::standalone(set);
     let skip = [
         env::REDIS_URL,
         env::REDIS_PASSWORD,

@@ -283,6 +283,21 @@ pub enum SpecError {
     Field { field: String, message: String },
 }
 
+/// `set` as the Deployment builder needs it when it was not read from an
+/// API server: in namespace `default` if it names none, with a stand-in uid.
+pub fn standalone(set: &ShardSet) -> ShardSet {
+    let mut built = set.clone();
+    built
+        .metadata
+        .namespace
+        .get_or_insert_with(|| "default".into());
+    built
+        .metadata
+        .uid
+        .get_or_insert_with(|| "00000000-0000-0000-0000-000000000000".into());
+    built
+}
+
 /// The checks of a spec that need neither Redis nor Kubernetes: the
 /// controller's own (its build of the shard Deployments, and the Redis
 /// credentials rule), then those of the CRD's schema that have a Rust
@@ -340,16 +355,7 @@ pub fn check_spec(set: &ShardSet) -> Result<(), SpecError> {
             Some(_) => {}
         }
     }
-    let mut built = set.clone();
-    built
-        .metadata
-        .namespace
-        .get_or_insert_with(|| "default".into());
-    built
-        .metadata
-        .uid
-        .get_or_insert_with(|| "00000000-0000-0000-0000-000000000000".into());
-    shard_deployments_upto(&built, 0)?;
+    shard_deployments_upto(&standalone(set), 0)?;
     check_redis_credentials(&set.spec.redis)?;
     let mut seen = BTreeSet::new();
     for (i, o) in set.spec.tenants.iter().enumerate() {
