@@ -230,16 +230,7 @@ fn spawn_ingest(redis_url: &str, env: &[(&str, &str)]) -> IngestProc {
         .envs(env.iter().copied())
         .env("RUST_LOG", "warn");
     let pid = process::spawn_server(cmd, &log);
-    let ready = || {
-        use std::io::Read;
-        let Ok(mut c) = std::net::TcpStream::connect(("127.0.0.1", port)) else {
-            return false;
-        };
-        let _ = c.write_all(b"GET /readyz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
-        let mut out = String::new();
-        let _ = c.read_to_string(&mut out);
-        out.starts_with("HTTP/1.1 200")
-    };
+    let ready = || process::answers_200(port, "/readyz");
     process::wait_until("ingest /readyz", Duration::from_secs(30), &log, pid, ready);
     IngestProc {
         pid,

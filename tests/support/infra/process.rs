@@ -328,3 +328,17 @@ pub fn cpu_seconds(pid: u32) -> f64 {
     let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
     (ticks(11) + ticks(12)) / hz
 }
+
+/// Does `GET <path>` on 127.0.0.1:`port` answer 200 now? (A raw HTTP/1.1
+/// request: no client library, no proxy from the environment.)
+pub fn answers_200(port: u16, path: &str) -> bool {
+    use std::io::{Read, Write};
+    let Ok(mut c) = std::net::TcpStream::connect(("127.0.0.1", port)) else {
+        return false;
+    };
+    let request = format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
+    let _ = c.write_all(request.as_bytes());
+    let mut out = String::new();
+    let _ = c.read_to_string(&mut out);
+    out.starts_with("HTTP/1.1 200")
+}
