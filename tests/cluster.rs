@@ -647,6 +647,11 @@ async fn endpoint_isolation_across_slots() {
 }
 
 #[tokio::test]
+async fn a_batch_leaves_the_state_k_single_calls_leave() {
+    support::batch::a_batch_leaves_the_state_k_single_calls_leave(&shared().url).await;
+}
+
+#[tokio::test]
 async fn a_batch_serves_the_tenants_k_single_leases_would() {
     support::batch::a_batch_serves_the_tenants_k_single_leases_would(&shared().url).await;
 }

@@ -2369,6 +2369,12 @@ async fn a_batch_serves_the_tenants_k_single_leases_would() {
 }
 
 #[tokio::test]
+async fn a_batch_leaves_the_state_k_single_calls_leave() {
+    support::batch::a_batch_leaves_the_state_k_single_calls_leave(&support::redis::shared().url)
+        .await;
+}
+
+#[tokio::test]
 async fn fairness_in_worker_seconds_holds_in_batches() {
     support::batch::fairness_in_worker_seconds_holds_in_batches(&support::redis::shared().url)
         .await;

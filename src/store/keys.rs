@@ -136,6 +136,12 @@ pub fn paused(prefix: &str) -> String {
     format!("{prefix}:paused")
 }
 
+/// The deficit round robin's ring of tenants with work (`P:ring`, a list,
+/// head first).
+pub fn ring(prefix: &str) -> String {
+    format!("{prefix}:ring")
+}
+
 /// A tenant's state in the queue (`P:t:<tenant>`, a hash).
 pub fn tenant(prefix: &str, tenant: &str) -> String {
     format!("{prefix}:t:{tenant}")

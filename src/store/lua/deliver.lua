@@ -1,7 +1,7 @@
--- Helpers (common.lua): istr, num, lease_member, end_lease, tkey, lane, eplane, ezkey, has_ready,
---   ekey, adopt, quantum, cap_of, ep_cap, block_of, ep_after, limit_of, bucket_level, token_due,
---   endpoint_gate, spend_endpoint, breaker_gate, breaker_record, unblock_due, paced_until,
---   pace_clear, settle, dead_letter, delayed_member, promote_due, reap
+-- Helpers (common.lua): istr, num, lease_member, end_lease, end_leases, tkey, lane, eplane, ezkey,
+--   has_ready, ekey, adopt, quantum, cap_of, ep_cap, block_of, ep_after, limit_of, bucket_level,
+--   token_due, endpoint_gate, spend_endpoint, push_active, breaker_gate, breaker_record, unblock_due,
+--   paced_until, pace_clear, settle, dead_letter, delayed_member, promote_due, reap
 -- Lease and ack, shared by the lease, ack and ack_lease scripts.
 
 -- After a lease (charging `charged`) or a skip (charging 0), put the
@@ -89,6 +89,32 @@ local function leases_flush(pending)
   for i = #pending, 1, -1 do pending[i] = nil end
 end
 
+-- How many envelopes in a row the tenant at the ring's head leases before
+-- one of them moves it (see reposition), at most `want`: it stays while it
+-- is in credit (`d`, charged `e` a lease), has a slot (`room` left) and
+-- its fresh turn lasts (`b`; 0: not in one). Stepped, not divided, so the
+-- count is the one lease after lease gives whatever the numbers.
+local function run_length(d, e, b, room, want)
+  local n = math.min(room, want)
+  for j = 1, n - 1 do
+    d = d - e
+    if d <= 0 then return j end
+    if b > 0 and e > 0 then
+      b = b - e
+      if b <= 0 then return j end
+    end
+  end
+  return n
+end
+
+-- Put `ids[j]` and those after it (the unleased rest of a run) back at the
+-- head of tenant `t`'s lane, in order. Cannot fail.
+local function lane_return(t, ids, j)
+  local back = {}
+  for x = #ids, j, -1 do back[#back + 1] = ids[x] end
+  if #back > 0 then redis.call('LPUSH', lane(t), unpack(back)) end
+end
+
 -- Lease the next envelope by deficit round robin, looking at most `budget`
 -- tenants at the ring's head.
 -- Returns {'LEASED', id, tenant, payload, attempts, seq, token, deadline_ms, enqueued_ms}
@@ -98,9 +124,15 @@ end
 -- Due retries and expired leases are handled here at most every 100 ms while
 -- the queue is busy (workers also call `maintain` on a timer), and always
 -- before answering EMPTY, so an idle queue recovers at once.
--- With `pending` (a batch), the lease goes to it, for leases_flush, instead
--- of into P:leases at once.
-local function lease_next(lease_ms, token, budget, now, pending)
+-- With `batch` (see lease_batch.lua: {pending, token, at, want}), the lease
+-- goes to `batch.pending`, for leases_flush, instead of into P:leases at
+-- once, its token is `batch.token` followed by '.' and its place in the
+-- batch (`at`), and a tenant that would stay at the ring's head lease after
+-- lease is served a run of up to `want` envelopes in this one step (see
+-- run_length): the answer then holds one LEASED reply (10 items) per
+-- envelope, and the steps count one per lease, as single calls would.
+local function lease_next(lease_ms, token, budget, now, batch)
+  local pending = batch and batch.pending
   local maintained = false
   if now >= MAINT_NEXT then
     maintain_queue(now)
@@ -151,7 +183,8 @@ local function lease_next(lease_ms, token, budget, now, pending)
         park(t, tk, token_due(level, lim.rate, now), now, { 'tk', level, 'tu', now })
       end
     end
-    local id = false
+    -- ids: the run popped (nil: one envelope)
+    local id, ids = false, nil
     -- under endpoint isolation: the endpoint served (least virtual time),
     -- its virtual time and its in-flight count
     local lep, lv, lf
@@ -166,7 +199,16 @@ local function lease_next(lease_ms, token, budget, now, pending)
           if not id then ep_after(t, lep, lv, lf, cap) end
         end
       else
-        id = redis.call('LPOP', lane(t))
+        -- a run needs every envelope of it to pass the checks the first
+        -- does: no breaker in use, no pause, no rate limit
+        local run = batch and not lim and num(st[4], 0) == 0 and pz == 0
+          and run_length(d, e, b, cap - f, math.min(batch.want, budget - step + 1))
+        if run and run > 1 then
+          ids = redis.call('LPOP', lane(t), run)
+          id = ids and ids[1]
+        else
+          id = redis.call('LPOP', lane(t))
+        end
       end
     end
     local env, pass, change, paced = nil, true, '', nil
@@ -223,7 +265,9 @@ local function lease_next(lease_ms, token, budget, now, pending)
       park(t, tk, pass, now, {})
     elseif id then
       if not env[1] then
-        -- an id without its record cannot be delivered; say so instead of dropping it silently
+        -- an id without its record cannot be delivered; say so instead of
+        -- dropping it silently. The rest of a run goes back for the next steps.
+        if ids then lane_return(t, ids, 2) end
         local c = redis.call('HMGET', tk, 'n', 'ko')
         dead_letter(t, id, 0, MISSING, now, '', '')
         if lep then ep_after(t, lep, lv, lf, cap) end
@@ -231,12 +275,34 @@ local function lease_next(lease_ms, token, budget, now, pending)
       else
         local deadline = now + lease_ms
         -- the estimate as stored, when it is: no number to format
-        local member = lease_member(st[3] or e, now, id, t, token, lep)
-        if pending then
-          pending[#pending + 1] = deadline
-          pending[#pending + 1] = member
-        else
-          redis.call('ZADD', LEASES, deadline, member)
+        local charge = st[3] or e
+        local out = {}
+        -- each envelope of a run is leased as its own step would lease it;
+        -- the budget of a fresh turn is spent by all but the last here, and
+        -- by the last in reposition
+        for j = 1, ids and #ids or 1 do
+          local jid = id
+          if j > 1 then
+            jid = ids[j]
+            env = redis.call('HMGET', ekey(t, jid), 'p', 'a', 's', 'n')
+            -- its record is missing: it and the rest go back, for the next step
+            if not env[1] then
+              lane_return(t, ids, j)
+              break
+            end
+            d, f = d - e, f + 1
+            if b > 0 and e > 0 then b = b - e end
+          end
+          local member = lease_member(charge, now, jid, t, batch and (batch.token .. '.' .. (batch.at + j - 1)) or token, lep)
+          if pending then
+            pending[#pending + 1] = deadline
+            pending[#pending + 1] = member
+          else
+            redis.call('ZADD', LEASES, deadline, member)
+          end
+          local o = #out
+          out[o + 1] = 'LEASED'; out[o + 2] = jid; out[o + 3] = t; out[o + 4] = env[1]; out[o + 5] = env[2]
+          out[o + 6] = env[3]; out[o + 7] = member; out[o + 8] = deadline; out[o + 9] = env[4]; out[o + 10] = change
         end
         d = d - e
         f = f + 1
@@ -250,7 +316,7 @@ local function lease_next(lease_ms, token, budget, now, pending)
           ep_after(t, lep, lv + e, lf + 1, cap)
         end
         reposition(t, tk, d, f, e, b, set, tr, cap)
-        return { 'LEASED', id, t, env[1], env[2], env[3], member, deadline, env[4], change }, step
+        return out, step + #out / 10 - 1
       end
     else
       reposition(t, tk, d, f, 0, b, {}, tr, cap)
@@ -281,4 +347,91 @@ local function ack_one(id, lease, elapsed, now, dels, held)
   if bw > 0 then change = breaker_record(t, ep or redis.call('HGET', ek, 'ep') or '', false, bw, now) end
   if dels then dels[#dels + 1] = ek else redis.call('DEL', ek) end
   return 'OK', change
+end
+
+-- Acknowledge a batch's deliveries (lease_batch.lua): `ids[i]`, `members[i]`,
+-- `elapsed[i]` for each; writes each one's status and breaker change (as
+-- ack_one answers them) to out[2i] and out[2i + 1], and adds the records'
+-- keys to `dels`. Each tenant's state is read and written once, however
+-- many of its deliveries the batch acks, with what settle would have
+-- written after each in turn, and tenants parked at their cap rejoin the
+-- ring in the order single acks would put them there. Under endpoint
+-- isolation, or when a tenant of the batch has breakers in use, it goes
+-- one ack at a time (ack_one): endpoint slots and breaker records move
+-- tenants on the ring between acks.
+local function ack_batch(ids, members, elapsed, now, out, dels)
+  local held = end_leases(ids, members)
+  local n = #ids
+  for i = 1, n do
+    out[2 * i] = 'STALE'; out[2 * i + 1] = ''
+  end
+  -- the tenants acked, in the order of their first ack, and their acks
+  local order, acks = {}, {}
+  for i = 1, n do
+    local h = held[i]
+    if h then
+      local a = acks[h[2]]
+      if not a then
+        a = {}
+        acks[h[2]] = a
+        order[#order + 1] = h[2]
+      end
+      a[#a + 1] = i
+    end
+  end
+  local states, one_by_one = {}, ISO_EP
+  if not one_by_one then
+    for _, t in ipairs(order) do
+      local st = redis.call('HMGET', tkey(t), 'e', 'f', 'k', 'd', 'n', 'bw', 'bl', 'ok', 'up')
+      if num(st[6], 0) > 0 then
+        one_by_one = true
+        break
+      end
+      states[t] = st
+    end
+  end
+  if one_by_one then
+    for i = 1, n do
+      out[2 * i], out[2 * i + 1] = ack_one(ids[i], members[i], elapsed[i], now, dels, held[i] or false)
+    end
+    return
+  end
+  -- {ack, tenant}: where each parked tenant's rejoin falls among the acks
+  local rejoins = {}
+  for _, t in ipairs(order) do
+    local st = states[t]
+    local e, f, d = num(st[1], EST0), num(st[2], 0), num(st[4], 0)
+    local depth, ok = num(st[5], 0), num(st[8], 0)
+    local parked, rejoin = st[3] == '1', nil
+    local cap = parked and cap_of(t)
+    local us = 0
+    for _, i in ipairs(acks[t]) do
+      local actual = elapsed[i]
+      e = math.floor(e + 0.3 * (actual - e) + 0.5)
+      d = d + held[i][1] - actual
+      f = math.max(f - 1, 0)
+      ok = ok + 1
+      depth = math.max(depth - 1, 0)
+      if parked and f < cap then
+        parked, rejoin = false, i
+      end
+      local u = math.floor(actual + 0.5)
+      if u > 0 then us = us + u end
+      out[2 * i] = 'OK'
+      dels[#dels + 1] = ekey(t, ids[i])
+    end
+    local set = { 'e', e, 'd', d, 'f', istr(f), 'ok', ok, 'n', depth }
+    if rejoin then
+      set[11] = 'k'; set[12] = '0'
+      -- unless a breaker blocks it or a user paused it
+      if st[7] ~= '1' and st[9] ~= '1' then
+        set[13] = 'r'; set[14] = '1'
+        rejoins[#rejoins + 1] = { rejoin, t }
+      end
+    end
+    redis.call('HSET', tkey(t), unpack(set))
+    if us > 0 then ATTR[t] = (ATTR[t] or 0) + us end
+  end
+  table.sort(rejoins, function(x, y) return x[1] < y[1] end)
+  for _, r in ipairs(rejoins) do push_active(r[2], false) end
 end

@@ -1,12 +1,16 @@
--- Helpers (common.lua): now_ms, end_leases, attribute_gather, attribute_flush
--- Helpers (deliver.lua): leases_flush, lease_next, ack_one
+-- Helpers (common.lua): now_ms, attribute_gather, attribute_flush
+-- Helpers (deliver.lua): leases_flush, lease_next, ack_batch
 -- ARGV: lease_ms, token, budget, k, n, then n triples (id, lease, elapsed_us):
 -- acks the n deliveries, then leases up to k envelopes, each by its own turn
 -- of deficit round robin, in one round trip (a worker with k free slots).
 -- The tenants served are those k lease calls in a row would serve (while
 -- the scan budget, shared by the batch, lasts: past it the batch answers
--- AGAIN, as a single lease whose scan ran out does). Each
--- lease's token is `token` followed by '.' and its place in the batch.
+-- AGAIN, as a single lease whose scan ran out does), and the state left is
+-- theirs; what a batch saves is the per-call work: each acked tenant's
+-- state is read and written once (ack_batch), and a tenant that would stay
+-- at the ring's head lease after lease is served its run in one step
+-- (lease_next). Each lease's token is `token` followed by '.' and its
+-- place in the batch.
 -- Returns one flat array: n, then the n {status, change} pairs as in
 -- ack.lua; m, then the m LEASED replies (see lease_next, 10 items each) of
 -- the envelopes leased; then the answer that stopped the batch short of k
@@ -29,14 +33,9 @@ local ids, members = {}, {}
 for i = 1, n do
   ids[i], members[i] = ARGV[3 + 3 * i], ARGV[4 + 3 * i]
 end
-local held = end_leases(ids, members)
 -- one flat reply (a table per lease costs Redis a dozen lookups to convert)
 local out, dels = { n }, {}
-for i = 1, n do
-  local status, change = ack_one(ids[i], members[i], elapsed[i], now, dels, held[i] or false)
-  out[2 * i] = status
-  out[2 * i + 1] = change
-end
+ack_batch(ids, members, elapsed, now, out, dels)
 if #dels > 0 then redis.call('DEL', unpack(dels)) end
 attribute_flush(now)
 local count_at = #out + 1
@@ -44,15 +43,18 @@ out[count_at] = 0
 -- the scan budget is the batch's, not each lease's: a batch looks at no
 -- more tenants than one lease may, so its time is bounded whatever k
 local pending, leased, left = {}, 0, budget
-for i = 1, k do
-  local r, steps = lease_next(lease_ms, token .. '.' .. i, left, now, pending)
+local batch = { pending = pending, token = token }
+while leased < k do
+  batch.at, batch.want = leased + 1, k - leased
+  local r, steps = lease_next(lease_ms, token, left, now, batch)
   left = left - steps
   if r[1] ~= 'LEASED' then
     for _, x in ipairs(r) do out[#out + 1] = x end
     break
   end
-  leased = leased + 1
-  for j = 1, 10 do out[#out + 1] = r[j] end
+  -- one LEASED reply per envelope: a tenant's run comes as several
+  for j = 1, #r do out[#out + 1] = r[j] end
+  leased = leased + #r / 10
 end
 out[count_at] = leased
 leases_flush(pending)

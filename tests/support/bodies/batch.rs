@@ -1,5 +1,6 @@
 //! Batched lease and ack ([`Store::lease_batch`]): the tenants a batch of k
-//! serves are those k single leases serve, fairness in worker-seconds and
+//! serves are those k single leases serve, and the state it leaves theirs,
+//! fairness in worker-seconds and
 //! weights hold at k = 16, and a hostile batch (a lease acked twice in one
 //! call, another tenant's lease, too many, malformed arguments) settles
 //! nothing it should not. Run on one server and on the cluster.
@@ -137,6 +138,178 @@ pub async fn a_batch_serves_the_tenants_k_single_leases_would(url: &str) {
                 "t{t} held {n} > its cap of 3 in one batch: {call:?}"
             );
         }
+    }
+}
+
+/// What a batch leaves behind is what k single calls leave: after every
+/// call, not only the envelopes served but the two queues' rings and every
+/// tenant's state (credit, slots, fresh-turn budget, estimate, depth,
+/// counters, flags) are equal. A batch serves a tenant that stays at the
+/// ring's head in one run, and acks each tenant's deliveries with one read
+/// and one write; this is what pins both to the single calls. Every bound
+/// of a run binds here: caps (4, against batches of 16), credit (a 30 ms
+/// quantum against 1 to 20 ms deliveries), fresh turns whose refunds leave
+/// credit above what the turn may still charge (tenants that go idle and
+/// come back, deliveries far shorter than their estimate), a weighted
+/// tenant, and records missing in the middle of a run (dead-lettered, as
+/// a single lease does, and the run's rest served in order after them).
+pub async fn a_batch_leaves_the_state_k_single_calls_leave(url: &str) {
+    let mut policy = QueuePolicy {
+        max_in_flight: 4,
+        quantum_seconds: 0.03,
+        initial_estimate_seconds: 0.05,
+        ..Default::default()
+    };
+    policy.weights.insert("t1".into(), 2.5);
+    // m's turns outlast its cap: its runs are 4 long, and its lost records
+    // (4, 9 and 10) fall at a run's head, with the run's rest to go back
+    // to the lane in order, and two in a row
+    policy.weights.insert("m".into(), 20.0);
+    let (single, batched) = (
+        store(url, policy.clone()).await,
+        store(url, policy.clone()).await,
+    );
+    let mut tenants: Vec<String> = (0..5).map(|t| format!("t{t}")).collect();
+    tenants.push("m".into());
+    for s in [&single, &batched] {
+        for t in &tenants {
+            fill(s, Q, t, if t == "m" { 12 } else { 30 }).await;
+        }
+        // records lost behind the scripts' back, one mid-lane, two in a row
+        for (t, i) in [("t1", 2), ("m", 4), ("m", 9), ("m", 10)] {
+            let key = keys::envelope(&s.queue_prefix(Q), t, &format!("{t}-{i}"));
+            super::dataplane::raw(url, redis::cmd("DEL").arg(&key).clone()).await;
+        }
+    }
+    // how long a delivery takes: short on even rounds, long on odd ones, so
+    // estimates swing and acks refund
+    let took = |t: &str, round: usize| {
+        let base = if round % 2 == 0 { 1 } else { 20 };
+        Duration::from_millis(base + t.len() as u64)
+    };
+    let state = |s: &Store, tenants: Vec<String>| {
+        let prefix = s.queue_prefix(Q);
+        async move {
+            let ring: Vec<String> = redis::from_redis_value(
+                super::dataplane::raw(
+                    url,
+                    redis::cmd("LRANGE")
+                        .arg(keys::ring(&prefix))
+                        .arg(0)
+                        .arg(-1)
+                        .clone(),
+                )
+                .await,
+            )
+            .unwrap();
+            let mut states = BTreeMap::new();
+            for t in tenants {
+                let mut h: BTreeMap<String, String> = redis::from_redis_value(
+                    super::dataplane::raw(
+                        url,
+                        redis::cmd("HGETALL").arg(keys::tenant(&prefix, &t)).clone(),
+                    )
+                    .await,
+                )
+                .unwrap();
+                // when it last enqueued (seconds of the wall clock)
+                h.remove("la");
+                states.insert(t, h);
+            }
+            (ring, states)
+        }
+    };
+    let k = 16;
+    let (mut held_single, mut held_batched): (Vec<Lease>, Vec<Lease>) = (Vec::new(), Vec::new());
+    let (mut runs, mut served) = (0, 0);
+    let mut all = tenants.clone();
+    for round in 0..80 {
+        // a tenant that comes and goes: a fresh turn every third round
+        if round % 3 == 1 {
+            let t = format!("s{}", round % 2);
+            if !all.contains(&t) {
+                all.push(t.clone());
+            }
+            for s in [&single, &batched] {
+                let envs: Vec<_> = (0..3)
+                    .map(|i| super::dataplane::env(&t, 1000 * round as u64 + i))
+                    .collect();
+                s.enqueue_batch(Q, &envs).await.unwrap();
+            }
+        }
+        // caps lowered under tenants parked at them: each rejoins the ring
+        // only at the ack that brings it under, and in the order single acks
+        // would put them there
+        if round == 6 {
+            let mut lowered = policy.clone();
+            lowered.caps.insert("t0".into(), 1);
+            lowered.caps.insert("t3".into(), 2);
+            for s in [&single, &batched] {
+                s.configure_queue(Q, &lowered).await.unwrap();
+            }
+        }
+        // acks in an order that interleaves the tenants: first, last,
+        // second, second to last, ...
+        let interleave = |held: &mut Vec<Lease>| {
+            let mut v: std::collections::VecDeque<Lease> = held.drain(..).collect();
+            let mut out = Vec::new();
+            while let Some(l) = v.pop_front() {
+                out.push(l);
+                if let Some(l) = v.pop_back() {
+                    out.push(l);
+                }
+            }
+            *held = out;
+        };
+        interleave(&mut held_single);
+        interleave(&mut held_batched);
+        for l in held_single.drain(..) {
+            assert!(single.ack(&l, took(&l.tenant, round)).await.unwrap());
+        }
+        for _ in 0..k {
+            match single.lease(Q, "w", LEASE).await.unwrap() {
+                LeaseOutcome::Leased(l) => held_single.push(l),
+                _ => break,
+            }
+        }
+        let done: Vec<_> = held_batched
+            .iter()
+            .map(|l| (l, took(&l.tenant, round)))
+            .collect();
+        let batch = batched.lease_batch(Q, &done, k, "w", LEASE).await.unwrap();
+        assert!(batch.acked.iter().all(|a| a.acked));
+        held_batched = batch.leased;
+        let ids = |held: &[Lease]| -> Vec<String> {
+            held.iter()
+                .map(|l| format!("{}/{}", l.tenant, l.id))
+                .collect()
+        };
+        assert_eq!(
+            ids(&held_single),
+            ids(&held_batched),
+            "round {round}: a batch of {k} served other envelopes than {k} single leases"
+        );
+        assert_eq!(
+            state(&single, all.clone()).await,
+            state(&batched, all.clone()).await,
+            "round {round}: a batch of {k} left another ring or tenant state than {k} single calls"
+        );
+        served += held_batched.len();
+        runs += held_batched
+            .windows(2)
+            .filter(|w| w[0].tenant == w[1].tenant)
+            .count();
+        if held_single.is_empty() {
+            break;
+        }
+    }
+    assert!(served >= 150, "the backlog was served: {served}");
+    assert!(runs > 20, "tenants were served runs: {runs} repeats");
+    // the four lost records were dead-lettered, in both queues alike
+    for s in [&single, &batched] {
+        let stats = s.tenant_stats(Q, Duration::from_secs(600)).await.unwrap();
+        let dead: u64 = stats.iter().map(|x| x.failed).sum();
+        assert_eq!(dead, 4, "{stats:?}");
     }
 }
 
