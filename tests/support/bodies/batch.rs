@@ -184,7 +184,7 @@ pub async fn a_batch_leaves_the_state_k_single_calls_leave(url: &str) {
     // how long a delivery takes: short on even rounds, long on odd ones, so
     // estimates swing and acks refund
     let took = |t: &str, round: usize| {
-        let base = if round % 2 == 0 { 1 } else { 20 };
+        let base = if round.is_multiple_of(2) { 1 } else { 20 };
         Duration::from_millis(base + t.len() as u64)
     };
     let state = |s: &Store, tenants: Vec<String>| {
