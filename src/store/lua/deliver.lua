@@ -1,4 +1,4 @@
--- Helpers (common.lua): istr, num, lease_member, end_lease, end_leases, tkey, lane, eplane, ezkey,
+-- Helpers (common.lua): istr, num, ms_text, lease_member, end_lease, end_leases, tkey, lane, eplane, ezkey,
 --   has_ready, ekey, adopt, quantum, cap_of, ep_cap, block_of, ep_after, limit_of, bucket_level,
 --   token_due, endpoint_gate, spend_endpoint, push_active, breaker_gate, breaker_record, unblock_due,
 --   paced_until, pace_clear, settle, dead_letter, delayed_member, promote_due, reap
@@ -293,12 +293,12 @@ local function lease_next(lease_ms, token, budget, now, batch)
             d, f = d - e, f + 1
             if b > 0 and e > 0 then b = b - e end
           end
-          local member = lease_member(charge, now, jid, t, batch and (batch.token .. '.' .. (batch.at + j - 1)) or token, lep)
+          local member = lease_member(charge, ms_text(now), jid, t, batch and (batch.token .. '.' .. istr(batch.at + j - 1)) or token, lep)
           if pending then
-            pending[#pending + 1] = deadline
+            pending[#pending + 1] = ms_text(deadline)
             pending[#pending + 1] = member
           else
-            redis.call('ZADD', LEASES, deadline, member)
+            redis.call('ZADD', LEASES, ms_text(deadline), member)
           end
           local o = #out
           out[o + 1] = 'LEASED'; out[o + 2] = jid; out[o + 3] = t; out[o + 4] = env[1]; out[o + 5] = env[2]
