@@ -282,7 +282,8 @@ end
 local function ms_text(n)
   local s = MS_TEXT[n]
   if not s then
-    s = string.format('%.17g', n)
+    -- a whole number as an integer: no floating-point formatting
+    s = string.format(n % 1 == 0 and '%d' or '%.17g', n)
     MS_TEXT[n] = s
   end
   return s

@@ -276,7 +276,8 @@ local function lease_next(lease_ms, token, budget, now, batch)
         local deadline = now + lease_ms
         -- the estimate as stored, when it is: no number to format
         local charge = st[3] or e
-        local out = {}
+        -- sized for one lease (a run grows it)
+        local out = { false, false, false, false, false, false, false, false, false, false }
         -- each envelope of a run is leased as its own step would lease it;
         -- the budget of a fresh turn is spent by all but the last here, and
         -- by the last in reposition
@@ -300,7 +301,7 @@ local function lease_next(lease_ms, token, budget, now, batch)
           else
             redis.call('ZADD', LEASES, ms_text(deadline), member)
           end
-          local o = #out
+          local o = 10 * (j - 1)
           out[o + 1] = 'LEASED'; out[o + 2] = jid; out[o + 3] = t; out[o + 4] = env[1]; out[o + 5] = env[2]
           out[o + 6] = env[3]; out[o + 7] = member; out[o + 8] = deadline; out[o + 9] = env[4]; out[o + 10] = change
         end
