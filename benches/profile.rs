@@ -10,7 +10,8 @@
 //! - fair lease+ack at k = 16: `lease_batch`, each of 4 clients acking its
 //!   16 deliveries and leasing 16 more per call;
 //!
-//! at 10 and 1,000 active tenants for the fair cases. Callgrind counts user
+//! at 10 and 1,000 active tenants for the fair cases; then batch enqueue
+//! of 20,000 envelopes of 100 tenants (1,000 per pipeline, 4 producers). Callgrind counts user
 //! space only: the kernel's share of each round trip (read, write, epoll),
 //! the larger part of the raw pair's cost, is not in these counts.
 //! `BENCH_ANNOTATE=1` also prints the costliest functions of each phase
@@ -20,7 +21,7 @@
 //! starts the server with more settings, to count what one would change
 //! (e.g. `--hash-max-listpack-entries 0`).
 //! The last line is `RESULT ir_per_delivery_k1=<x> ir_per_delivery_k16=<y>
-//! k16_vs_k1=<y/x> raw_ir_per_cycle=<z>` (10 tenants).
+//! k16_vs_k1=<y/x> raw_ir_per_cycle=<z> ir_per_enqueue=<w>` (10 tenants).
 
 mod common;
 #[path = "../tests/support/mod.rs"]
@@ -30,13 +31,19 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
-use common::{backlog, raw_backlog, raw_connections, raw_pair, run_batched, run_fair};
+use common::{
+    backlog, connect, enqueue_all, env, raw_backlog, raw_connections, raw_pair, run_batched,
+    run_fair, Q,
+};
+use lanekeeper::envelope::Envelope;
 use lanekeeper::policy::QueuePolicy;
 use support::process;
 
 /// Deliveries (or raw cycles) per counted phase.
 const OPS: u64 = 4_000;
 const CLIENTS: usize = 4;
+/// Envelopes in the counted batch-enqueue phase.
+const ENQUEUED: u64 = 20_000;
 
 struct Callgrind {
     pid: u32,
@@ -198,8 +205,26 @@ fn main() {
                 admin.purge_set().await.unwrap();
             }
         }
+        // batch enqueue as the scheduler bench runs it: 100 tenants' envelopes
+        // interleaved, 1,000 per pipeline from 4 producers
+        let admin = connect(&url, "profile-enqueue").await;
+        admin
+            .configure_queue(Q, &QueuePolicy::default())
+            .await
+            .unwrap();
+        let envs: Vec<Envelope> = (0..ENQUEUED / 100)
+            .flat_map(|i| (0..100).map(move |t| env(&format!("t{t}"), i)))
+            .collect();
+        let enqueue_ir = cg
+            .count("enqueue", async {
+                enqueue_all(&admin, envs).await;
+            })
+            .await as f64
+            / ENQUEUED as f64;
+        println!("batch enqueue, 100 tenants: {enqueue_ir:>9.0} instructions per envelope");
+        admin.purge_set().await.unwrap();
         println!(
-            "RESULT ir_per_delivery_k1={:.0} ir_per_delivery_k16={:.0} k16_vs_k1={:.3} raw_ir_per_cycle={raw_ir:.0}",
+            "RESULT ir_per_delivery_k1={:.0} ir_per_delivery_k16={:.0} k16_vs_k1={:.3} raw_ir_per_cycle={raw_ir:.0} ir_per_enqueue={enqueue_ir:.0}",
             per[0],
             per[1],
             per[1] / per[0]
