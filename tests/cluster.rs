@@ -657,6 +657,11 @@ async fn a_batch_serves_the_tenants_k_single_leases_would() {
 }
 
 #[tokio::test]
+async fn a_malformed_call_fails_before_its_first_write() {
+    support::batch::a_malformed_call_fails_before_its_first_write(&shared().url).await;
+}
+
+#[tokio::test]
 async fn a_hostile_batch_settles_nothing_twice() {
     support::batch::a_hostile_batch_settles_nothing_twice(&shared().url).await;
 }

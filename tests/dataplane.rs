@@ -2386,6 +2386,12 @@ async fn weights_hold_in_batches() {
 }
 
 #[tokio::test]
+async fn a_malformed_call_fails_before_its_first_write() {
+    support::batch::a_malformed_call_fails_before_its_first_write(&support::redis::shared().url)
+        .await;
+}
+
+#[tokio::test]
 async fn a_hostile_batch_settles_nothing_twice() {
     support::batch::a_hostile_batch_settles_nothing_twice(&support::redis::shared().url).await;
 }

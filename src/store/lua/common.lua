@@ -289,6 +289,16 @@ local function ms_text(n)
   return s
 end
 
+-- A number argument of a call (an elapsed time, a lease or delay length,
+-- a scan budget): a finite number from 0 up, else nil. Lua's tonumber
+-- takes 'nan' and 'inf'; a script checks its numbers with this before its
+-- first write, so a malformed call changes nothing.
+local function count_arg(s)
+  local x = tonumber(s)
+  if x == nil or x ~= x or x < 0 or x == math.huge then return nil end
+  return x
+end
+
 local function now_ms()
   if CLOCK then return CLOCK end
   local t = redis.call('TIME')

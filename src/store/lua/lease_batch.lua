@@ -1,4 +1,4 @@
--- Helpers (common.lua): now_ms, attribute_gather, attribute_flush
+-- Helpers (common.lua): count_arg, now_ms, attribute_gather, attribute_flush
 -- Helpers (deliver.lua): leases_flush, lease_next, ack_batch
 -- ARGV: lease_ms, token, budget, k, n, then n triples (id, lease, elapsed_us):
 -- acks the n deliveries, then leases up to k envelopes, each by its own turn
@@ -15,17 +15,20 @@
 -- ack.lua; m, then the m LEASED replies (see lease_next, 10 items each) of
 -- the envelopes leased; then the answer that stopped the batch short of k
 -- ('EMPTY', wait_ms or 'AGAIN'), nothing when k were leased.
-local lease_ms, token, budget = tonumber(ARGV[1]), ARGV[2], tonumber(ARGV[3])
+local lease_ms, token, budget = count_arg(ARGV[1]), ARGV[2], count_arg(ARGV[3])
 local k, n = tonumber(ARGV[4]), tonumber(ARGV[5])
 -- every check before the first write: a batch is at most 64 each way
 if not (lease_ms and budget and k and n) or k < 0 or k > 64 or k % 1 ~= 0 or n < 0 or n > 64
     or n % 1 ~= 0 or #ARGV ~= 5 + 3 * n then
-  return redis.error_reply('lease_batch: k and n must be whole numbers from 0 to 64, with 3 arguments per ack')
+  return redis.error_reply('lease_batch: lease_ms and budget must be finite numbers from 0 up, k and n whole numbers '
+    .. 'from 0 to 64, with 3 arguments per ack')
 end
 local elapsed = {}
 for i = 1, n do
-  elapsed[i] = tonumber(ARGV[5 + 3 * i])
-  if not elapsed[i] then return redis.error_reply('lease_batch: ack ' .. i .. ': elapsed_us is not a number') end
+  elapsed[i] = count_arg(ARGV[5 + 3 * i])
+  if not elapsed[i] then
+    return redis.error_reply('lease_batch: ack ' .. i .. ': elapsed_us must be a finite number from 0 up')
+  end
 end
 local now = now_ms()
 attribute_gather()

@@ -1,4 +1,4 @@
--- Helpers (common.lua): now_ms, end_lease, adopt, breaker_record, pace_endpoint, settle,
+-- Helpers (common.lua): count_arg, now_ms, end_lease, adopt, breaker_record, pace_endpoint, settle,
 --   dead_letter, dead_missing_lease, delayed_member
 -- ARGV: id, token, elapsed_us, delay_ms, dead (0|1), cause, endpoint failure (0|1:
 -- counts against the endpoint's circuit breaker), pace ms (0 or absent: none).
@@ -14,9 +14,12 @@
 -- wait behind it.
 -- An envelope whose record is gone is dead-lettered with that cause, its
 -- tenant settled: nothing half-done is left behind.
-local id, token, elapsed = ARGV[1], ARGV[2], tonumber(ARGV[3])
-local delay, dead, cause, broken = tonumber(ARGV[4]), ARGV[5] == '1', ARGV[6], ARGV[7] == '1'
-local pace = tonumber(ARGV[8] or '0') or 0
+local id, token, elapsed = ARGV[1], ARGV[2], count_arg(ARGV[3])
+local delay, dead, cause, broken = count_arg(ARGV[4]), ARGV[5] == '1', ARGV[6], ARGV[7] == '1'
+local pace = count_arg(ARGV[8] or '0')
+if not (elapsed and delay and pace) then
+  return redis.error_reply('nack: elapsed_us, delay_ms and pace_ms must be finite numbers from 0 up')
+end
 local charged, t, ep = end_lease(id, token)
 if not charged then return { 'STALE' } end
 local now = now_ms()

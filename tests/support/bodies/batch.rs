@@ -470,6 +470,84 @@ pub async fn a_hostile_batch_settles_nothing_twice(url: &str) {
     assert!(last.acked[0].acked, "the malformed calls acked nothing");
 }
 
+/// A call whose numbers are not numbers (or not finite, or negative) fails
+/// before its first write, whichever script it is: ack, ack_and_lease,
+/// nack, lease and lease_batch each check their elapsed time, lease and
+/// delay lengths and scan budget first. Before, ack and nack took the
+/// lease out of P:leases and then failed on the elapsed time, so the
+/// envelope's slot was never freed and a proper ack found its lease gone;
+/// and `nan` or `inf`, which Lua's `tonumber` takes, were written into the
+/// tenant's estimate and credit.
+pub async fn a_malformed_call_fails_before_its_first_write(url: &str) {
+    let s = store(url, QueuePolicy::default()).await;
+    fill(&s, Q, "a", 4).await;
+    let first = s.lease_batch(Q, &[], 2, "w", LEASE).await.unwrap();
+    let held = first.leased[0].clone();
+    let tenant_state = |s: &Store| {
+        let key = keys::tenant(&s.queue_prefix(Q), "a");
+        async move {
+            let h: BTreeMap<String, String> = redis::from_redis_value(
+                super::dataplane::raw(url, redis::cmd("HGETALL").arg(&key).clone()).await,
+            )
+            .unwrap();
+            h
+        }
+    };
+    let before = tenant_state(&s).await;
+    let fcall = |name: &str, args: &[&str]| {
+        let mut cmd = redis::cmd("FCALL");
+        cmd.arg(s.function_name(name))
+            .arg(2)
+            .arg(s.queue_prefix(Q))
+            .arg(keys::slot_guard(&s.queue_prefix(Q)));
+        for a in args {
+            cmd.arg(*a);
+        }
+        cmd
+    };
+    let (id, token) = (held.id.as_str(), held.token.as_str());
+    for bad in ["soon", "nan", "inf", "-5"] {
+        let calls: Vec<(&str, Vec<&str>)> = vec![
+            ("ack", vec![id, token, bad]),
+            ("ack_lease", vec![id, token, bad, "60000", "t2", "256"]),
+            ("ack_lease", vec![id, token, "5000", bad, "t2", "256"]),
+            ("ack_lease", vec![id, token, "5000", "60000", "t2", bad]),
+            ("nack", vec![id, token, bad, "1000", "0", "boom", "1", "0"]),
+            ("nack", vec![id, token, "5000", bad, "0", "boom", "1", "0"]),
+            ("lease", vec![bad, "t3", "256"]),
+            ("lease", vec!["60000", "t3", bad]),
+            (
+                "lease_batch",
+                vec!["60000", "t4", "256", "1", "1", id, token, bad],
+            ),
+            (
+                "lease_batch",
+                vec![bad, "t4", "256", "1", "1", id, token, "5000"],
+            ),
+            (
+                "lease_batch",
+                vec!["60000", "t4", bad, "1", "1", id, token, "5000"],
+            ),
+        ];
+        for (name, args) in calls {
+            let v = super::dataplane::raw_result(url, fcall(name, &args)).await;
+            let err = v.expect_err(&format!("{name} {args:?} is an error"));
+            assert!(err.contains(name), "{name}: {err}");
+            assert_eq!(
+                tenant_state(&s).await,
+                before,
+                "{name} {args:?} wrote the tenant's state before failing"
+            );
+        }
+    }
+    // none of them took the lease: it is still held, and acks once now
+    let last = s
+        .lease_batch(Q, &[(&held, Duration::from_millis(5))], 0, "w", LEASE)
+        .await
+        .unwrap();
+    assert!(last.acked[0].acked, "a malformed call took the lease");
+}
+
 /// A batch looks at no more tenants than one lease may (the scan budget,
 /// 256, is the batch's): with one tenant whose deliveries cost 200 quanta,
 /// each lease takes about 200 steps of crediting, so a single lease finds
