@@ -66,6 +66,39 @@ pub async fn deliver(
     (secs, count, order)
 }
 
+/// One round of two identical queues side by side: `single` acks what it
+/// holds (in the order held), then leases up to `k` one call at a time;
+/// `batched` acks what it holds and leases up to `k` in one
+/// [`Store::lease_batch`] call. Each delivery took `took(tenant)`.
+async fn one_round(
+    single: &Store,
+    batched: &Store,
+    (held_single, held_batched): (&mut Vec<Lease>, &mut Vec<Lease>),
+    k: usize,
+    took: &impl Fn(&str) -> Duration,
+) {
+    for l in held_single.drain(..) {
+        assert!(single.ack(&l, took(&l.tenant)).await.unwrap());
+    }
+    for _ in 0..k {
+        match single.lease(Q, "w", LEASE).await.unwrap() {
+            LeaseOutcome::Leased(l) => held_single.push(l),
+            _ => break,
+        }
+    }
+    let done: Vec<_> = held_batched.iter().map(|l| (l, took(&l.tenant))).collect();
+    let batch = batched.lease_batch(Q, &done, k, "w", LEASE).await.unwrap();
+    assert!(batch.acked.iter().all(|a| a.acked));
+    *held_batched = batch.leased;
+}
+
+/// What a round served: "tenant/id" of each lease, in order.
+fn served_ids(held: &[Lease]) -> Vec<String> {
+    held.iter()
+        .map(|l| format!("{}/{}", l.tenant, l.id))
+        .collect()
+}
+
 /// The tenants k single leases serve are the tenants one batch of k
 /// serves, call after call, with caps that bind (3 of 16), a weighted
 /// tenant, tenants of different costs and turns short enough to end
@@ -96,26 +129,16 @@ pub async fn a_batch_serves_the_tenants_k_single_leases_would(url: &str) {
     let (mut held_single, mut held_batched): (Vec<Lease>, Vec<Lease>) = (Vec::new(), Vec::new());
     let (mut served_single, mut served_batched) = (Vec::new(), Vec::new());
     for _ in 0..40 {
-        for l in held_single.drain(..) {
-            assert!(single.ack(&l, took(&l.tenant)).await.unwrap());
-        }
-        for _ in 0..k {
-            match single.lease(Q, "w", LEASE).await.unwrap() {
-                LeaseOutcome::Leased(l) => held_single.push(l),
-                _ => break,
-            }
-        }
-        let done: Vec<_> = held_batched.iter().map(|l| (l, took(&l.tenant))).collect();
-        let batch = batched.lease_batch(Q, &done, k, "w", LEASE).await.unwrap();
-        assert!(batch.acked.iter().all(|a| a.acked));
-        held_batched = batch.leased;
-        let ids = |held: &[Lease]| -> Vec<String> {
-            held.iter()
-                .map(|l| format!("{}/{}", l.tenant, l.id))
-                .collect()
-        };
-        served_single.push(ids(&held_single));
-        served_batched.push(ids(&held_batched));
+        one_round(
+            &single,
+            &batched,
+            (&mut held_single, &mut held_batched),
+            k,
+            &took,
+        )
+        .await;
+        served_single.push(served_ids(&held_single));
+        served_batched.push(served_ids(&held_batched));
         assert_eq!(
             served_single, served_batched,
             "a batch of {k} served other envelopes than {k} single leases"
@@ -263,30 +286,18 @@ pub async fn a_batch_leaves_the_state_k_single_calls_leave(url: &str) {
         };
         interleave(&mut held_single);
         interleave(&mut held_batched);
-        for l in held_single.drain(..) {
-            assert!(single.ack(&l, took(&l.tenant, round)).await.unwrap());
-        }
-        for _ in 0..k {
-            match single.lease(Q, "w", LEASE).await.unwrap() {
-                LeaseOutcome::Leased(l) => held_single.push(l),
-                _ => break,
-            }
-        }
-        let done: Vec<_> = held_batched
-            .iter()
-            .map(|l| (l, took(&l.tenant, round)))
-            .collect();
-        let batch = batched.lease_batch(Q, &done, k, "w", LEASE).await.unwrap();
-        assert!(batch.acked.iter().all(|a| a.acked));
-        held_batched = batch.leased;
-        let ids = |held: &[Lease]| -> Vec<String> {
-            held.iter()
-                .map(|l| format!("{}/{}", l.tenant, l.id))
-                .collect()
-        };
+        let took_now = |t: &str| took(t, round);
+        one_round(
+            &single,
+            &batched,
+            (&mut held_single, &mut held_batched),
+            k,
+            &took_now,
+        )
+        .await;
         assert_eq!(
-            ids(&held_single),
-            ids(&held_batched),
+            served_ids(&held_single),
+            served_ids(&held_batched),
             "round {round}: a batch of {k} served other envelopes than {k} single leases"
         );
         assert_eq!(
