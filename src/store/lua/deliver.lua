@@ -9,10 +9,11 @@
 -- fresh turn may still charge (0 outside one). `set` holds the tenant
 -- fields the caller has changed; they are written with this step's in one HSET.
 -- `tr` is the tenant's tier as the caller read it (nil: none), `cap` its
--- in-flight cap (cap_of).
-local function reposition(t, tk, d, f, charged, budget, set, tr, cap)
+-- in-flight cap (cap_of). With `drained`, the caller knows its lane is
+-- empty (a run's LPOP found fewer than it asked for): no need to ask.
+local function reposition(t, tk, d, f, charged, budget, set, tr, cap, drained)
   local n = #set
-  if not has_ready(t) then
+  if drained or not has_ready(t) then
     -- idle (under endpoint isolation: no endpoint ready): leaves the ring
     -- and keeps no credit (debt stays)
     redis.call('LPOP', RING)
@@ -159,9 +160,16 @@ local function lease_next(lease_ms, token, budget, now, batch)
       return { 'EMPTY', math.max(wait, 1) }, step
     end
     local tk = tkey(t)
-    local st = redis.call('HMGET', tk, 'd', 'f', 'e', 'bw', 'b', 'pz', 'tr', 'tk', 'tu', 'up')
+    -- the token bucket's fields only where rate limits are in use: each
+    -- field HMGET asks for costs a scan of the hash
+    local st
+    if RL_ANY then
+      st = redis.call('HMGET', tk, 'd', 'f', 'e', 'bw', 'b', 'pz', 'tr', 'up', 'tk', 'tu')
+    else
+      st = redis.call('HMGET', tk, 'd', 'f', 'e', 'bw', 'b', 'pz', 'tr', 'up')
+    end
     -- paused by a user since it joined the ring (see the end of this step)
-    local upaused = st[10] == '1'
+    local upaused = st[8] == '1'
     local tr = st[7] or nil
     local d, f, e, b = num(st[1], 0), num(st[2], 0), num(st[3], EST0), num(st[5], 0)
     -- pz: the latest pause of any of the tenant's endpoints (0: none)
@@ -177,14 +185,14 @@ local function lease_next(lease_ms, token, budget, now, batch)
     local lim = ready and RL_ANY and limit_of(t, tr)
     local level, throttled = nil, false
     if lim and lim.rate > 0 then
-      level = bucket_level(tonumber(st[8]), num(st[9], now), lim.rate, lim.cap, now)
+      level = bucket_level(tonumber(st[9]), num(st[10], now), lim.rate, lim.cap, now)
       if level < ONE_TOKEN then
         throttled = true
         park(t, tk, token_due(level, lim.rate, now), now, { 'tk', level, 'tu', now })
       end
     end
-    -- ids: the run popped (nil: one envelope)
-    local id, ids = false, nil
+    -- ids: the run popped (nil: one envelope), run: how many it asked for
+    local id, ids, run = false, nil, nil
     -- under endpoint isolation: the endpoint served (least virtual time),
     -- its virtual time and its in-flight count
     local lep, lv, lf
@@ -201,7 +209,7 @@ local function lease_next(lease_ms, token, budget, now, batch)
       else
         -- a run needs every envelope of it to pass the checks the first
         -- does: no breaker in use, no pause, no rate limit
-        local run = batch and not lim and num(st[4], 0) == 0 and pz == 0
+        run = batch and not lim and num(st[4], 0) == 0 and pz == 0
           and run_length(d, e, b, cap - f, math.min(batch.want, budget - step + 1))
         if run and run > 1 then
           ids = redis.call('LPOP', lane(t), run)
@@ -278,6 +286,8 @@ local function lease_next(lease_ms, token, budget, now, batch)
         local charge = st[3] or e
         -- sized for one lease (a run grows it)
         local out = { false, false, false, false, false, false, false, false, false, false }
+        -- a run that popped fewer than it asked for emptied the lane
+        local drained = ids and #ids < run
         -- each envelope of a run is leased as its own step would lease it;
         -- the budget of a fresh turn is spent by all but the last here, and
         -- by the last in reposition
@@ -289,6 +299,7 @@ local function lease_next(lease_ms, token, budget, now, batch)
             -- its record is missing: it and the rest go back, for the next step
             if not env[1] then
               lane_return(t, ids, j)
+              drained = false
               break
             end
             d, f = d - e, f + 1
@@ -316,7 +327,7 @@ local function lease_next(lease_ms, token, budget, now, batch)
           set[n + 1] = 'ef:' .. lep; set[n + 2] = istr(lf + 1); set[n + 3] = 'evc'; set[n + 4] = lv
           ep_after(t, lep, lv + e, lf + 1, cap)
         end
-        reposition(t, tk, d, f, e, b, set, tr, cap)
+        reposition(t, tk, d, f, e, b, set, tr, cap, drained)
         return out, step + #out / 10 - 1
       end
     else
