@@ -90,6 +90,9 @@ local function leases_flush(pending)
   for i = #pending, 1, -1 do pending[i] = nil end
 end
 
+-- The record's fields a lease reads, without and with its endpoint.
+local RECORD, RECORD_EP = { 'p', 'a', 's', 'n' }, { 'p', 'a', 's', 'n', 'ep' }
+
 -- How many envelopes in a row the tenant at the ring's head leases before
 -- one of them moves it (see reposition), at most `want`: it stays while it
 -- is in credit (`d`, charged `e` a lease), has a slot (`room` left) and
@@ -223,14 +226,16 @@ local function lease_next(lease_ms, token, budget, now, batch)
     local ekk, elevel
     if id then
       local ek = ekey(t, id)
-      env = redis.call('HMGET', ek, 'p', 'a', 's', 'n')
-      if not env[1] and select(2, adopt(t, id)) then env = redis.call('HMGET', ek, 'p', 'a', 's', 'n') end
       -- the endpoint matters only to a tenant with breakers in use, a pause
-      -- in force or an endpoint limit
+      -- in force or an endpoint limit: then it is read with the record
       local bw = num(st[4], 0)
       local limited = lim and lim.erate > 0
-      if env[1] and (bw > 0 or pz > 0 or limited) then
-        local ep = lep or redis.call('HGET', ek, 'ep') or ''
+      local gated = bw > 0 or pz > 0 or limited
+      local fields = (gated and not lep) and RECORD_EP or RECORD
+      env = redis.call('HMGET', ek, unpack(fields))
+      if not env[1] and select(2, adopt(t, id)) then env = redis.call('HMGET', ek, unpack(fields)) end
+      if env[1] and gated then
+        local ep = lep or env[5] or ''
         if ep ~= '' then
           if pz > 0 then paced = paced_until(t, ep, now) end
           if not paced and bw > 0 then pass, change = breaker_gate(t, ep, now) end
