@@ -32,10 +32,9 @@ use std::process::Command;
 use std::time::Duration;
 
 use common::{
-    backlog, connect, enqueue_all, env, raw_backlog, raw_connections, raw_pair, run_batched,
-    run_fair, Q,
+    backlog, connect, enqueue_all, interleaved, raw_backlog, raw_connections, raw_pair,
+    run_batched, run_fair, Q,
 };
-use lanekeeper::envelope::Envelope;
 use lanekeeper::policy::QueuePolicy;
 use support::process;
 
@@ -212,9 +211,7 @@ fn main() {
             .configure_queue(Q, &QueuePolicy::default())
             .await
             .unwrap();
-        let envs: Vec<Envelope> = (0..ENQUEUED / 100)
-            .flat_map(|i| (0..100).map(move |t| env(&format!("t{t}"), i)))
-            .collect();
+        let envs = interleaved(100, ENQUEUED / 100);
         let enqueue_ir = cg
             .count("enqueue", async {
                 enqueue_all(&admin, envs).await;

@@ -93,6 +93,14 @@ pub async fn fair(url: &str, tenants: u64) -> Rate {
     fair_with(url, tenants, &QueuePolicy::default()).await
 }
 
+/// `per` envelopes of each of `tenants` tenants (`t0`, `t1`, ...), the
+/// tenants interleaved: one of each, then the next of each.
+pub fn interleaved(tenants: u64, per: u64) -> Vec<Envelope> {
+    (0..per)
+        .flat_map(|i| (0..tenants).map(move |t| env(&format!("t{t}"), i)))
+        .collect()
+}
+
 /// A set of its own (envelope ids repeat between runs) whose queue `Q`
 /// has `tenants` active tenants under `policy`, with enough backlog that
 /// every tenant stays active for `ops` deliveries, and `clients`
@@ -110,11 +118,7 @@ pub async fn backlog(
     let set = format!("fair{tenants}-{}", RUN.fetch_add(1, Ordering::Relaxed));
     let admin = connect(url, &set).await;
     admin.configure_queue(Q, policy).await.unwrap();
-    let per = (2 * ops / tenants).max(2);
-    let envs: Vec<Envelope> = (0..per)
-        .flat_map(|i| (0..tenants).map(move |t| env(&format!("t{t}"), i)))
-        .collect();
-    enqueue_all(&admin, envs).await;
+    enqueue_all(&admin, interleaved(tenants, (2 * ops / tenants).max(2))).await;
     let mut stores = Vec::new();
     for _ in 0..clients {
         stores.push(connect(url, &set).await);

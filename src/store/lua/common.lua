@@ -909,6 +909,12 @@ local function attribute_flush(now)
   for t, us in pairs(gathered) do attribute(t, us, now) end
 end
 
+-- A tenant's cost estimate (us) after a delivery that took `actual`: a
+-- moving average, whole microseconds. Shared by settle and a batch's acks.
+local function estimate_after(e, actual)
+  return math.floor(e + 0.3 * (actual - e) + 0.5)
+end
+
 -- The counter each outcome adds one to.
 local OUTCOME_COUNTER = { delivered = 'ok', dead = 'ko', retry = 'w' }
 
@@ -926,7 +932,7 @@ local function settle(t, charged, actual, now, free_slot, outcome, ep, keep_ep)
   local st = redis.call('HMGET', tk, 'e', 'f', 'k', 'd', 'n', 'bw', 'bl', counter or 'e', 'up')
   local e, f = num(st[1], EST0), num(st[2], 0)
   -- only the fields that change are written
-  local set = { 'e', math.floor(e + 0.3 * (actual - e) + 0.5), 'd', num(st[4], 0) + charged - actual }
+  local set = { 'e', estimate_after(e, actual), 'd', num(st[4], 0) + charged - actual }
   local n = #set
   if free_slot then
     f = math.max(f - 1, 0)

@@ -1,7 +1,7 @@
 -- Helpers (common.lua): istr, num, ms_text, lease_member, end_lease, end_leases, tkey, lane, eplane, ezkey,
 --   has_ready, ekey, adopt, quantum, cap_of, ep_cap, block_of, ep_after, limit_of, bucket_level,
 --   token_due, endpoint_gate, spend_endpoint, push_active, breaker_gate, breaker_record, unblock_due,
---   paced_until, pace_clear, settle, dead_letter, delayed_member, promote_due, reap
+--   paced_until, pace_clear, estimate_after, settle, dead_letter, delayed_member, promote_due, reap
 -- Lease and ack, shared by the lease, ack and ack_lease scripts.
 
 -- After a lease (charging `charged`) or a skip (charging 0), put the
@@ -300,7 +300,7 @@ local function lease_next(lease_ms, token, budget, now, batch)
           local jid = id
           if j > 1 then
             jid = ids[j]
-            env = redis.call('HMGET', ekey(t, jid), 'p', 'a', 's', 'n')
+            env = redis.call('HMGET', ekey(t, jid), unpack(RECORD))
             -- its record is missing: it and the rest go back, for the next step
             if not env[1] then
               lane_return(t, ids, j)
@@ -424,7 +424,7 @@ local function ack_batch(ids, members, elapsed, now, out, dels)
     local us = 0
     for _, i in ipairs(acks[t]) do
       local actual = elapsed[i]
-      e = math.floor(e + 0.3 * (actual - e) + 0.5)
+      e = estimate_after(e, actual)
       d = d + held[i][1] - actual
       f = math.max(f - 1, 0)
       ok = ok + 1
