@@ -33,8 +33,9 @@ mod support;
 
 use std::sync::Arc;
 
+use common::floor::{floor_deliveries, floor_enqueue};
 use common::{
-    connect, enqueue_all, env, fair, fair_batched, fair_with, measure, raw_backlog,
+    connect, enqueue_all, env, fair, fair_batched, fair_with, interleaved, measure, raw_backlog,
     raw_connections, raw_pair, Rate, CLIENTS, CYCLES,
 };
 use lanekeeper::envelope::Envelope;
@@ -147,6 +148,9 @@ fn main() {
         let mut raws = Vec::new();
         let mut tens = Vec::new();
         let mut batched_tens = Vec::new();
+        let (mut floors, mut batched_floors) = (Vec::new(), Vec::new());
+        // the floor's backlog: the fair phases' envelopes
+        let floor_envs = interleaved(10, 2 * CYCLES / 10);
         for round in 1..=ROUNDS {
             let r = raw(&url).await;
             println!(
@@ -166,7 +170,17 @@ fn main() {
                 b.per_s, b.redis_us
             );
             batched_tens.push(b);
+            let f = floor_deliveries(&url, &floor_envs, CLIENTS, 1, CYCLES).await;
+            let b = floor_deliveries(&url, &floor_envs, BATCH_CLIENTS, BATCH, CYCLES).await;
+            println!(
+                "[{round}] scripted floor k=1, {CLIENTS} clients: {:>9.0} deliveries/s (Redis CPU {:.1} us/delivery), k={BATCH}, {BATCH_CLIENTS} clients: {:>9.0} deliveries/s (Redis CPU {:.1} us/delivery)",
+                f.per_s, f.redis_us, b.per_s, b.redis_us
+            );
+            floors.push(f);
+            batched_floors.push(b);
         }
+        let (floor_cpu, batched_floor_cpu) = (median_cpu(&floors), median_cpu(&batched_floors));
+        let (floor, batched_floor) = (median(floors), median(batched_floors));
         let raw_cpu = median_cpu(&raws);
         let raw = median(raws);
         let (ten_cpu, batched_cpu) = (median_cpu(&tens), median_cpu(&batched_tens));
@@ -197,6 +211,14 @@ fn main() {
             fair_rates.push(r);
             table.push((tenants, r.redis_us, b.redis_us));
         }
+        println!(
+            "median scripted floor: k=1 {:.0}/s ({floor_cpu:.1} us): {:.2}x raw, k={BATCH} {:.0}/s ({batched_floor_cpu:.1} us): {:.2}x raw, Redis CPU {:.2}x raw's",
+            floor.per_s,
+            floor.per_s / raw.per_s,
+            batched_floor.per_s,
+            batched_floor.per_s / raw.per_s,
+            batched_floor_cpu / raw_cpu,
+        );
         println!("Redis CPU per delivery (us), against the raw pair's {raw_cpu:.1} us:");
         for (tenants, one, many) in &table {
             println!(
@@ -254,6 +276,7 @@ fn main() {
         // the medians.
         let mut enqueues = Vec::new();
         let mut raw_enqueues = Vec::new();
+        let mut floor_enqueues = Vec::new();
         for round in 1..=3u64 {
             let store = connect(&url, &format!("enqueue{round}")).await;
             let envs: Vec<Envelope> = (0..200_000u64)
@@ -265,6 +288,12 @@ fn main() {
                 r.per_s, r.redis_us
             );
             raw_enqueues.push(r);
+            let r = floor_enqueue(&url, &envs).await;
+            println!(
+                "[{round}] scripted floor enqueue (200 per call, 1000 per batch, 4 producers): {:.0} envelopes/s  (Redis CPU {:.1} us/envelope)",
+                r.per_s, r.redis_us
+            );
+            floor_enqueues.push(r);
             let n = envs.len() as u64;
             let r = measure(&url, n, async {
                 enqueue_all(&store, envs).await;
@@ -278,14 +307,23 @@ fn main() {
             store.purge_set().await.unwrap();
         }
         let enqueue = median(enqueues);
-        let enqueue_vs_raw = enqueue.per_s / median(raw_enqueues).per_s;
+        let raw_enqueue = median(raw_enqueues);
+        let enqueue_vs_raw = enqueue.per_s / raw_enqueue.per_s;
+        let floor_enqueue_vs_raw = median(floor_enqueues).per_s / raw_enqueue.per_s;
         let fair_vs_raw = fair_rates[0].per_s / raw.per_s;
         // Flatness: 40k-tenant throughput relative to 10 (1.0 = no slowdown).
         let flat = fair_rates[0].per_s / fair_rates[2].per_s;
         let batch_vs_raw = batched.per_s / raw.per_s;
         let redis_cpu_vs_raw = batched_cpu / raw_cpu;
+        // the scripted floor against the same baselines: how far each bar
+        // stated against them can be met on this layout at all
+        let floor_vs_raw = floor.per_s / raw.per_s;
+        let floor_batch_vs_raw = batched_floor.per_s / raw.per_s;
+        let floor_cpu_vs_raw = batched_floor_cpu / raw_cpu;
+        // what the scheduler adds to the floor, in Redis CPU, at k = BATCH
+        let batch_cpu_vs_floor = batched_cpu / batched_floor_cpu;
         println!(
-            "RESULT fair_vs_raw={fair_vs_raw:.3} batch_vs_raw={batch_vs_raw:.3} redis_cpu_vs_raw={redis_cpu_vs_raw:.3} flat_40k_vs_10={flat:.3} enqueue_per_s={:.0} enqueue_vs_raw={enqueue_vs_raw:.3} rate_limited_vs_unlimited={rate_limited_vs_unlimited:.3} endpoint_isolated_vs_tenant={endpoint_isolated_vs_tenant:.3}",
+            "RESULT fair_vs_raw={fair_vs_raw:.3} batch_vs_raw={batch_vs_raw:.3} redis_cpu_vs_raw={redis_cpu_vs_raw:.3} flat_40k_vs_10={flat:.3} enqueue_per_s={:.0} enqueue_vs_raw={enqueue_vs_raw:.3} rate_limited_vs_unlimited={rate_limited_vs_unlimited:.3} endpoint_isolated_vs_tenant={endpoint_isolated_vs_tenant:.3} floor_vs_raw={floor_vs_raw:.3} floor_batch_vs_raw={floor_batch_vs_raw:.3} floor_cpu_vs_raw={floor_cpu_vs_raw:.3} floor_enqueue_vs_raw={floor_enqueue_vs_raw:.3} batch_cpu_vs_floor={batch_cpu_vs_floor:.3}",
             enqueue.per_s
         );
     });

@@ -665,3 +665,8 @@ async fn a_malformed_call_fails_before_its_first_write() {
 async fn a_hostile_batch_settles_nothing_twice() {
     support::batch::a_hostile_batch_settles_nothing_twice(&shared().url).await;
 }
+
+#[tokio::test]
+async fn a_garbage_attribution_field_fails_no_ack() {
+    support::batch::a_garbage_attribution_field_fails_no_ack(&shared().url).await;
+}

@@ -2401,6 +2401,11 @@ async fn a_batch_scans_no_more_than_one_lease_may() {
     support::batch::a_batch_scans_no_more_than_one_lease_may(&support::redis::shared().url).await;
 }
 
+#[tokio::test]
+async fn a_garbage_attribution_field_fails_no_ack() {
+    support::batch::a_garbage_attribution_field_fails_no_ack(&support::redis::shared().url).await;
+}
+
 // ---- queue health: time to drain and fairness (what the controller exports)
 
 #[tokio::test]

@@ -2,6 +2,8 @@
 //! Each benchmark uses part of this module.
 #![allow(dead_code)]
 
+pub mod floor;
+
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};

@@ -155,6 +155,8 @@ local ATTR
 -- same time into every lease it makes, and a number handed to redis.call
 -- is formatted by Redis each time. Reset by `begin`.
 local MS_TEXT = {}
+-- Per call (begin empties it): the prefix of each tenant's record keys (see ekey).
+local EKEY_PREFIX = {}
 
 -- A small whole number (a count or a flag) as a string argument, made once
 -- and kept. Redis formats every number argument of a call with "%.17g",
@@ -174,11 +176,13 @@ end
 -- or inf written behind the scripts' back must neither fail a later
 -- command nor wedge a comparison). Absent and '0' (most counters and
 -- flags) skip `tonumber`, which runs strtod twice.
+-- (math is not reachable while the library loads; 1/0 is its huge)
+local HUGE = 1 / 0
 local function num(s, default)
   if s == nil or s == false then return default end
   if s == '0' then return 0 end
   local x = tonumber(s)
-  if x == nil or x ~= x or x == math.huge or x == -math.huge then return default end
+  if x == nil or x ~= x or x == HUGE or x == -HUGE then return default end
   return x
 end
 
@@ -276,6 +280,7 @@ local function begin(keys)
   MIN_ROUTE_RAW = conf[4]
   ATTR = nil
   MS_TEXT = {}
+  EKEY_PREFIX = {}
 end
 
 -- A time (ms) as a string, formatted once per call (see MS_TEXT).
@@ -295,7 +300,7 @@ end
 -- first write, so a malformed call changes nothing.
 local function count_arg(s)
   local x = tonumber(s)
-  if x == nil or x ~= x or x < 0 or x == math.huge then return nil end
+  if x == nil or x ~= x or x < 0 or x == HUGE then return nil end
   return x
 end
 
@@ -406,7 +411,16 @@ local function queued_of(t)
 end
 -- An envelope is named by its tenant and its id together (see P:e:<ref>).
 local function eref(t, id) return istr(#t) .. ':' .. t .. ':' .. id end
-local function ekey(t, id) return P .. ':e:' .. istr(#t) .. ':' .. t .. ':' .. id end
+-- (Each tenant's prefix is made once per call: a batch names many of its
+-- records. begin() empties EKEY_PREFIX, so it never outlives its P.)
+local function ekey(t, id)
+  local pfx = EKEY_PREFIX[t]
+  if not pfx then
+    pfx = P .. ':e:' .. istr(#t) .. ':' .. t .. ':'
+    EKEY_PREFIX[t] = pfx
+  end
+  return pfx .. id
+end
 -- The tenant and id a ref names.
 local function parse_ref(ref)
   local len, rest = string.match(ref, '^(%d+):(.*)$')
@@ -886,12 +900,31 @@ local function pace_clear(t)
   redis.call('HDEL', tkey(t), 'pz')
 end
 
+-- A tenant's share of a worker-seconds bucket as stored: a whole number
+-- from 0 to 2^52, else 0 (garbage written behind the scripts' back starts
+-- over rather than failing the ack that adds to it).
+local function share_of(s)
+  local x = num(s, 0)
+  if x < 0 or x > 4503599627370496 then return 0 end
+  return math.floor(x)
+end
+
 -- Add `us` worker-microseconds to tenant `t`'s share of the bucket of
--- `now` (P:wsu:<bucket>). Cannot fail.
+-- `now` (P:wsu:<bucket>), and the batch's `gathered` (tenant -> us) the
+-- same way. Cannot fail: a share that is not a whole number is replaced
+-- (HINCRBY would raise after the ack's writes), and a bucket that is not a
+-- hash (HINCRBY, HMGET and HSET all raise) loses this call's worker-seconds
+-- instead of the ack failing.
 local function attribute(t, us, now)
   local bucket = P .. ':wsu:' .. math.floor(now / BUCKET_MS)
+  local r = redis.pcall('HINCRBY', bucket, t, us)
+  if type(r) == 'table' then
+    r = redis.pcall('HSET', bucket, t, us)
+    if type(r) == 'table' then return end
+    r = us
+  end
   -- the first write to a bucket is always a tenant's first in it: set the TTL then
-  if redis.call('HINCRBY', bucket, t, us) == us then redis.call('EXPIRE', bucket, 7200) end
+  if r == us then redis.call('EXPIRE', bucket, 7200) end
 end
 
 -- From now until attribute_flush, `settle` gathers worker-us per tenant
@@ -900,13 +933,28 @@ local function attribute_gather()
   ATTR = {}
 end
 
--- Write what attribute_gather gathered: one HINCRBY
--- per tenant, not one per delivery. Cannot fail.
+-- Write what attribute_gather gathered: one tenant's with its HINCRBY,
+-- several tenants' with one HMGET and one HSET of the bucket whatever
+-- their number. Cannot fail (see attribute).
 local function attribute_flush(now)
   local gathered = ATTR
   ATTR = nil
   if not gathered then return end
-  for t, us in pairs(gathered) do attribute(t, us, now) end
+  local ts = {}
+  for t in pairs(gathered) do ts[#ts + 1] = t end
+  if #ts == 0 then return end
+  if #ts == 1 then return attribute(ts[1], gathered[ts[1]], now) end
+  local bucket = P .. ':wsu:' .. math.floor(now / BUCKET_MS)
+  local had = redis.pcall('HMGET', bucket, unpack(ts))
+  if had.err then return end
+  local set, fresh = {}, false
+  for i, t in ipairs(ts) do
+    if not had[i] then fresh = true end
+    set[2 * i - 1] = t
+    set[2 * i] = string.format('%d', share_of(had[i]) + gathered[t])
+  end
+  redis.call('HSET', bucket, unpack(set))
+  if fresh then redis.call('EXPIRE', bucket, 7200) end
 end
 
 -- A tenant's cost estimate (us) after a delivery that took `actual`: a

@@ -128,13 +128,15 @@ end
 -- Due retries and expired leases are handled here at most every 100 ms while
 -- the queue is busy (workers also call `maintain` on a timer), and always
 -- before answering EMPTY, so an idle queue recovers at once.
--- With `batch` (see lease_batch.lua: {pending, token, at, want}), the lease
--- goes to `batch.pending`, for leases_flush, instead of into P:leases at
--- once, its token is `batch.token` followed by '.' and its place in the
--- batch (`at`), and a tenant that would stay at the ring's head lease after
--- lease is served a run of up to `want` envelopes in this one step (see
--- run_length): the answer then holds one LEASED reply (10 items) per
--- envelope, and the steps count one per lease, as single calls would.
+-- With `batch` (see lease_batch.lua: {pending, token, at, want, out}), the
+-- lease goes to `batch.pending`, for leases_flush, instead of into
+-- P:leases at once, its token is `batch.token` followed by '.' and its
+-- place in the batch (`at`), and a tenant that would stay at the ring's
+-- head lease after lease is served a run of up to `want` envelopes in this
+-- one step (see run_length): one LEASED reply (10 items) per envelope is
+-- appended to `batch.out` (the batch's own answer: nothing to copy), which
+-- is what is returned, with the steps (one per lease, as single calls
+-- would count) and, third, how many envelopes were leased.
 local function lease_next(lease_ms, token, budget, now, batch)
   local pending = batch and batch.pending
   local maintained = false
@@ -289,10 +291,23 @@ local function lease_next(lease_ms, token, budget, now, batch)
         local deadline = now + lease_ms
         -- the estimate as stored, when it is: no number to format
         local charge = st[3] or e
-        -- sized for one lease (a run grows it)
-        local out = { false, false, false, false, false, false, false, false, false, false }
+        -- a batch's answer, or one sized for one lease
+        local out, base = nil, 0
+        if batch then
+          out = batch.out
+          base = #out
+        else
+          out = { false, false, false, false, false, false, false, false, false, false }
+        end
         -- a run that popped fewer than it asked for emptied the lane
         local drained = ids and #ids < run
+        -- a batch's lease members differ only by id and place: the rest is made once
+        local head, tail
+        if batch then
+          head = charge .. '\n' .. ms_text(now) .. '\n'
+          tail = '\n' .. t .. '\n' .. batch.token .. '.'
+        end
+        local m = 0
         -- each envelope of a run is leased as its own step would lease it;
         -- the budget of a fresh turn is spent by all but the last here, and
         -- by the last in reposition
@@ -310,14 +325,21 @@ local function lease_next(lease_ms, token, budget, now, batch)
             d, f = d - e, f + 1
             if b > 0 and e > 0 then b = b - e end
           end
-          local member = lease_member(charge, ms_text(now), jid, t, batch and (batch.token .. '.' .. istr(batch.at + j - 1)) or token, lep)
+          local member
+          if batch and not lep then
+            -- lease_member's layout, its constant parts made once above
+            member = head .. jid .. tail .. istr(batch.at + j - 1)
+          else
+            member = lease_member(charge, ms_text(now), jid, t, batch and (batch.token .. '.' .. istr(batch.at + j - 1)) or token, lep)
+          end
           if pending then
             pending[#pending + 1] = ms_text(deadline)
             pending[#pending + 1] = member
           else
             redis.call('ZADD', LEASES, ms_text(deadline), member)
           end
-          local o = 10 * (j - 1)
+          m = j
+          local o = base + 10 * (j - 1)
           out[o + 1] = 'LEASED'; out[o + 2] = jid; out[o + 3] = t; out[o + 4] = env[1]; out[o + 5] = env[2]
           out[o + 6] = env[3]; out[o + 7] = member; out[o + 8] = deadline; out[o + 9] = env[4]; out[o + 10] = change
         end
@@ -333,7 +355,7 @@ local function lease_next(lease_ms, token, budget, now, batch)
           ep_after(t, lep, lv + e, lf + 1, cap)
         end
         reposition(t, tk, d, f, e, b, set, tr, cap, drained)
-        return out, step + #out / 10 - 1
+        return out, step + m - 1, m
       end
     else
       reposition(t, tk, d, f, 0, b, {}, tr, cap)

@@ -46,18 +46,18 @@ out[count_at] = 0
 -- the scan budget is the batch's, not each lease's: a batch looks at no
 -- more tenants than one lease may, so its time is bounded whatever k
 local pending, leased, left = {}, 0, budget
-local batch = { pending = pending, token = token }
+-- lease_next appends each lease's reply to `out` itself
+local batch = { pending = pending, token = token, out = out }
 while leased < k do
   batch.at, batch.want = leased + 1, k - leased
-  local r, steps = lease_next(lease_ms, token, left, now, batch)
+  local r, steps, m = lease_next(lease_ms, token, left, now, batch)
   left = left - steps
-  if r[1] ~= 'LEASED' then
+  if not m then
     for _, x in ipairs(r) do out[#out + 1] = x end
     break
   end
   -- one LEASED reply per envelope: a tenant's run comes as several
-  for j = 1, #r do out[#out + 1] = r[j] end
-  leased = leased + #r / 10
+  leased = leased + m
 end
 out[count_at] = leased
 leases_flush(pending)
