@@ -103,6 +103,107 @@ end
 return out
 "#;
 
+/// The same floor with each envelope stored whole in its lane instead of
+/// in a hash of its own: an entry is `id\nseq\nenqueued_ms\nendpoint\npayload`
+/// (the payload last, so it may hold anything). A lease pops whole
+/// entries and keeps them, while leased, in one hash of leased bodies
+/// (P:lb, member -> entry: one HSET for the call); an ack removes its
+/// lease and its body (ZREM and HDEL, one each for the call). What the
+/// layout change every script would share saves, measured before making
+/// it. Same arguments and answer as [`LEASE_ACK`] (the entry in place of
+/// the payload).
+const LEASE_ACK_INLINE: &str = r#"
+local P = KEYS[1]
+local k, n = tonumber(ARGV[3]), tonumber(ARGV[4])
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local out = {}
+if n > 0 then
+  local members = {}
+  for i = 1, n do members[i] = ARGV[4 + 2 * i] end
+  local held = redis.call('ZMSCORE', P .. ':leases', unpack(members))
+  redis.call('ZREM', P .. ':leases', unpack(members))
+  redis.call('HDEL', P .. ':lb', unpack(members))
+  for i = 1, n do out[i] = held[i] and 'OK' or 'STALE' end
+end
+if k > 0 then
+  local entries = redis.call('LPOP', P .. ':lane', k)
+  if entries then
+    local z, b, deadline = {}, {}, string.format('%d', now + tonumber(ARGV[1]))
+    for j, e in ipairs(entries) do
+      local id = string.sub(e, 1, string.find(e, '\n', 1, true) - 1)
+      local m = id .. '\n' .. ARGV[2] .. '.' .. j
+      z[2 * j - 1] = deadline
+      z[2 * j] = m
+      b[2 * j - 1] = m
+      b[2 * j] = e
+      out[#out + 1] = id
+      out[#out + 1] = e
+      out[#out + 1] = m
+    end
+    redis.call('ZADD', P .. ':leases', unpack(z))
+    redis.call('HSET', P .. ':lb', unpack(b))
+  end
+end
+return out
+"#;
+
+/// [`ENQUEUE`] with each envelope pushed whole (see [`LEASE_ACK_INLINE`]):
+/// no hash per envelope.
+const ENQUEUE_INLINE: &str = r#"
+local P = KEYS[1]
+local n = #ARGV / 4
+local seq0 = redis.call('INCRBY', P .. ':seq', n) - n
+local t = redis.call('TIME')
+local now = string.format('%d', tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000))
+local out = {}
+local i = 1
+while i <= n do
+  local tenant = ARGV[4 * i - 2]
+  local last = i
+  while last < n and ARGV[4 * last + 2] == tenant do last = last + 1 end
+  local ids = {}
+  for j = i, last do ids[#ids + 1] = ARGV[4 * j - 3] end
+  local claimed = redis.call('SMISMEMBER', P .. ':ids:' .. tenant, unpack(ids))
+  local fresh, entries = {}, {}
+  for j = i, last do
+    if claimed[j - i + 1] == 1 then
+      out[j] = 'DUP'
+    else
+      local id = ARGV[4 * j - 3]
+      entries[#entries + 1] = id .. '\n' .. string.format('%d', seq0 + j) .. '\n' .. now .. '\n'
+        .. ARGV[4 * j - 1] .. '\n' .. ARGV[4 * j]
+      fresh[#fresh + 1] = id
+      out[j] = 'OK'
+    end
+  end
+  if #fresh > 0 then
+    redis.call('SADD', P .. ':ids:' .. tenant, unpack(fresh))
+    redis.call('RPUSH', P .. ':lane', unpack(entries))
+  end
+  i = last + 1
+end
+return out
+"#;
+
+/// Where the floor keeps an envelope.
+#[derive(Clone, Copy, Debug)]
+pub enum Layout {
+    /// A hash per envelope, its id in the lane: the store's layout.
+    Record,
+    /// The whole envelope in the lane (see [`LEASE_ACK_INLINE`]).
+    Inline,
+}
+
+impl Layout {
+    fn scripts(self) -> (&'static str, &'static str) {
+        match self {
+            Layout::Record => (ENQUEUE, LEASE_ACK),
+            Layout::Inline => (ENQUEUE_INLINE, LEASE_ACK_INLINE),
+        }
+    }
+}
+
 /// A prefix of its own per run (ids repeat between runs).
 fn prefix() -> String {
     static RUN: AtomicU64 = AtomicU64::new(0);
@@ -115,8 +216,8 @@ async fn conns(url: &str, n: usize) -> Vec<redis::aio::MultiplexedConnection> {
 
 /// Store `envs` with the floor's enqueue script, `chunk` per call, 1,000
 /// per pipeline from 4 producers (what `enqueue_all` does with the store).
-async fn enqueue(url: &str, p: &str, envs: &[Envelope]) {
-    let script = redis::Script::new(ENQUEUE);
+async fn enqueue(url: &str, p: &str, envs: &[Envelope], layout: Layout) {
+    let script = redis::Script::new(layout.scripts().0);
     let mut sorted: Vec<&Envelope> = envs.iter().collect();
     let chunks: Vec<Vec<Vec<String>>> = envs
         .chunks(1000)
@@ -170,26 +271,27 @@ async fn enqueue(url: &str, p: &str, envs: &[Envelope]) {
 }
 
 /// The floor's batch enqueue of `envs`, measured; its keys are deleted after.
-pub async fn floor_enqueue(url: &str, envs: &[Envelope]) -> Rate {
+pub async fn floor_enqueue(url: &str, envs: &[Envelope], layout: Layout) -> Rate {
     let p = prefix();
-    let rate = measure(url, envs.len() as u64, enqueue(url, &p, envs)).await;
+    let rate = measure(url, envs.len() as u64, enqueue(url, &p, envs, layout)).await;
     drop_prefix(url, &p).await;
     rate
 }
 
 /// `ops` floor deliveries by `clients` clients, each acking what it holds
-/// and leasing up to `k` more per call, from a backlog of `2 * ops`
-/// envelopes stored with the floor's enqueue (set up unmeasured).
+/// and leasing up to `k` more per call, from a backlog of `envs` stored
+/// with the floor's enqueue of the same layout (set up unmeasured).
 pub async fn floor_deliveries(
     url: &str,
     envs: &[Envelope],
     clients: usize,
     k: usize,
     ops: u64,
+    layout: Layout,
 ) -> Rate {
     let p = prefix();
-    enqueue(url, &p, envs).await;
-    let script = redis::Script::new(LEASE_ACK);
+    enqueue(url, &p, envs, layout).await;
+    let script = redis::Script::new(layout.scripts().1);
     let left = Arc::new(AtomicU64::new(ops));
     let conns = conns(url, clients).await;
     let phase = {

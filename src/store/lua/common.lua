@@ -900,13 +900,22 @@ local function pace_clear(t)
   redis.call('HDEL', tkey(t), 'pz')
 end
 
--- A tenant's share of a worker-seconds bucket as stored: a whole number
--- from 0 to 2^52, else 0 (garbage written behind the scripts' back starts
--- over rather than failing the ack that adds to it).
+-- The most worker-us one share holds (2^52: a whole number a double
+-- carries exactly, and '%d' formats). An ack adds at most this, so a
+-- share never passes what HINCRBY can add to.
+local MAX_SHARE = 4503599627370496
+
+-- A tenant's share of a worker-seconds bucket as stored, when it is one
+-- attribute keeps adding to: an integer as Redis writes one (no leading
+-- zero or '+'), within MAX_SHARE either way. Else nil: garbage written
+-- behind the scripts' back starts over, rather than failing the ack that
+-- adds to it.
 local function share_of(s)
-  local x = num(s, 0)
-  if x < 0 or x > 4503599627370496 then return 0 end
-  return math.floor(x)
+  if s == '0' then return 0 end
+  if not s or #s > 17 or not string.find(s, '^%-?[1-9]%d*$') then return nil end
+  local x = tonumber(s)
+  if x > MAX_SHARE or x < -MAX_SHARE then return nil end
+  return x
 end
 
 -- Add `us` worker-microseconds to tenant `t`'s share of the bucket of
@@ -917,10 +926,14 @@ end
 -- instead of the ack failing.
 local function attribute(t, us, now)
   local bucket = P .. ':wsu:' .. math.floor(now / BUCKET_MS)
-  local r = redis.pcall('HINCRBY', bucket, t, us)
-  if type(r) == 'table' then
-    r = redis.pcall('HSET', bucket, t, us)
-    if type(r) == 'table' then return end
+  -- at most MAX_SHARE (a worker's elapsed time is checked finite, not
+  -- sensible), as an integer's digits
+  us = math.min(us, MAX_SHARE)
+  local add = string.format('%d', us)
+  local r = redis.pcall('HINCRBY', bucket, t, add)
+  if type(r) == 'table' or r > MAX_SHARE or r < -MAX_SHARE then
+    -- not an integer, or past MAX_SHARE (as share_of reads it): it starts over
+    if type(redis.pcall('HSET', bucket, t, add)) == 'table' then return end
     r = us
   end
   -- the first write to a bucket is always a tenant's first in it: set the TTL then
@@ -949,9 +962,11 @@ local function attribute_flush(now)
   if had.err then return end
   local set, fresh = {}, false
   for i, t in ipairs(ts) do
-    if not had[i] then fresh = true end
+    local share = share_of(had[i])
+    -- a new share (or one started over) sets the TTL, as in attribute
+    if not share then fresh = true end
     set[2 * i - 1] = t
-    set[2 * i] = string.format('%d', share_of(had[i]) + gathered[t])
+    set[2 * i] = string.format('%d', (share or 0) + math.min(gathered[t], MAX_SHARE))
   end
   redis.call('HSET', bucket, unpack(set))
   if fresh then redis.call('EXPIRE', bucket, 7200) end

@@ -607,12 +607,15 @@ pub async fn a_batch_scans_no_more_than_one_lease_may(url: &str) {
 /// the lease and written the tenant's state, so the script stopped half
 /// way: the record stayed, and the tenant's worker-seconds were not
 /// counted. Each ack path (ack, ack_and_lease, lease_batch with one tenant
-/// and with several) now acks, and the field holds a number again.
+/// and with several) now acks, and the field holds a number again. An
+/// elapsed time no delivery could take (a worker's clock gone wrong, 10^19
+/// us) leaves whole numbers too: before, one share took '1e+19' and a
+/// batch's sum formatted out of range.
 pub async fn a_garbage_attribution_field_fails_no_ack(url: &str) {
     let s = store(url, QueuePolicy::default()).await;
     let p = s.queue_prefix(Q);
     for t in ["a", "b"] {
-        fill(&s, Q, t, 3).await;
+        fill(&s, Q, t, 5).await;
     }
     let mut leased = s.lease_batch(Q, &[], 6, "w", LEASE).await.unwrap().leased;
     assert_eq!(leased.len(), 6);
@@ -672,4 +675,31 @@ pub async fn a_garbage_attribution_field_fails_no_ack(url: &str) {
         fixed.push(vals.iter().all(|v| v.parse::<u64>().is_ok()));
     }
     assert!(fixed.contains(&true), "no bucket holds numbers again");
+    // the huge elapsed time, on a clean slate
+    for b in [bucket, bucket + 1] {
+        let mut cmd = redis::cmd("DEL");
+        cmd.arg(keys::worker_seconds(&p, b));
+        super::dataplane::raw(url, cmd).await;
+    }
+    // (ack_and_lease above leased one of the ten: three are left)
+    let leased = s.lease_batch(Q, &[], 4, "w", LEASE).await.unwrap().leased;
+    assert_eq!(leased.len(), 3);
+    let huge = Duration::from_secs(10_000_000_000_000);
+    assert!(s.ack(&leased[0], huge).await.unwrap());
+    let done: Vec<_> = leased[1..].iter().map(|l| (l, huge)).collect();
+    let batch = s.lease_batch(Q, &done, 0, "w", LEASE).await.unwrap();
+    assert!(batch.acked.iter().all(|a| a.acked));
+    let mut seen = 0;
+    for b in [bucket, bucket + 1, bucket + 2] {
+        let mut cmd = redis::cmd("HVALS");
+        cmd.arg(keys::worker_seconds(&p, b));
+        let vals: Vec<String> =
+            redis::from_redis_value(super::dataplane::raw(url, cmd).await).unwrap();
+        for v in &vals {
+            let n: u64 = v.parse().unwrap_or_else(|_| panic!("bucket {b}: {v:?}"));
+            assert!(n <= 1 << 53, "bucket {b}: {n}");
+        }
+        seen += vals.len();
+    }
+    assert!(seen >= 2, "the huge acks were not counted");
 }
