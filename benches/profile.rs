@@ -10,7 +10,10 @@
 //! - fair lease+ack at k = 16: `lease_batch`, each of 4 clients acking its
 //!   16 deliveries and leasing 16 more per call;
 //!
-//! at 10 and 1,000 active tenants for the fair cases; then batch enqueue
+//! at 10 and 1,000 active tenants for the fair cases; k = 1 at 1,000
+//! tenants with every lease checked against a tenant and an endpoint
+//! bucket (limits too high to throttle: the scheduler bench's
+//! `rate_limited_vs_unlimited` in instructions); then batch enqueue
 //! of 20,000 envelopes of 100 tenants (1,000 per pipeline, 4 producers). Callgrind counts user
 //! space only: the kernel's share of each round trip (read, write, epoll),
 //! the larger part of the raw pair's cost, is not in these counts.
@@ -21,7 +24,8 @@
 //! starts the server with more settings, to count what one would change
 //! (e.g. `--hash-max-listpack-entries 0`).
 //! The last line is `RESULT ir_per_delivery_k1=<x> ir_per_delivery_k16=<y>
-//! k16_vs_k1=<y/x> raw_ir_per_cycle=<z> ir_per_enqueue=<w>` (10 tenants).
+//! k16_vs_k1=<y/x> raw_ir_per_cycle=<z> ir_per_enqueue=<w>` (10 tenants)
+//! `limited_ir_vs_unlimited=<v>` (k = 1, 1,000 tenants).
 
 mod common;
 #[path = "../tests/support/mod.rs"]
@@ -35,7 +39,7 @@ use common::{
     backlog, connect, enqueue_all, interleaved, raw_backlog, raw_connections, raw_pair,
     run_batched, run_fair, Q,
 };
-use lanekeeper::policy::QueuePolicy;
+use lanekeeper::policy::{QueuePolicy, RateLimit, RateLimits};
 use support::process;
 
 /// Deliveries (or raw cycles) per counted phase.
@@ -204,6 +208,28 @@ fn main() {
                 admin.purge_set().await.unwrap();
             }
         }
+        // rate limits checked at every lease (limits too high to throttle),
+        // k = 1 at 1,000 tenants: the scheduler bench's rate_limited_vs_unlimited
+        // in instructions, which do not move with the machine's load
+        let limited = QueuePolicy {
+            rate_limits: RateLimits {
+                default: Some(RateLimit {
+                    per_second: 1_000_000.0,
+                    burst: 1_000_000.0,
+                    endpoint_per_second: 1_000_000.0,
+                    endpoint_burst: 1_000_000.0,
+                }),
+                ..Default::default()
+            },
+            ..QueuePolicy::default()
+        };
+        let (admin, clients) = backlog(&url, 1_000, &limited, OPS, CLIENTS).await;
+        let limited_ir = cg.count("k1-1000-limited", run_fair(clients, OPS)).await as f64 / OPS as f64;
+        admin.purge_set().await.unwrap();
+        println!(
+            "fair k= 1,  1000 tenants, rate-limited: {limited_ir:>9.0} instructions per delivery ({:.3}x unlimited)",
+            limited_ir / per[2]
+        );
         // batch enqueue as the scheduler bench runs it: 100 tenants' envelopes
         // interleaved, 1,000 per pipeline from 4 producers
         let admin = connect(&url, "profile-enqueue").await;
@@ -221,10 +247,11 @@ fn main() {
         println!("batch enqueue, 100 tenants: {enqueue_ir:>9.0} instructions per envelope");
         admin.purge_set().await.unwrap();
         println!(
-            "RESULT ir_per_delivery_k1={:.0} ir_per_delivery_k16={:.0} k16_vs_k1={:.3} raw_ir_per_cycle={raw_ir:.0} ir_per_enqueue={enqueue_ir:.0}",
+            "RESULT ir_per_delivery_k1={:.0} ir_per_delivery_k16={:.0} k16_vs_k1={:.3} raw_ir_per_cycle={raw_ir:.0} ir_per_enqueue={enqueue_ir:.0} limited_ir_vs_unlimited={:.3}",
             per[0],
             per[1],
-            per[1] / per[0]
+            per[1] / per[0],
+            limited_ir / per[2]
         );
     });
     drop(cg);

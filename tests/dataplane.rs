@@ -1292,8 +1292,10 @@ async fn a_tiers_limit_applies_and_a_tenants_own_entry_wins() {
 #[tokio::test]
 async fn rate_limits_survive_hostile_state() {
     // A bucket field overwritten with garbage, a P:limits entry that does
-    // not parse, and a clock that steps back: the scripts neither fail nor
-    // lease more than the limit allows.
+    // not parse, one whose endpoint burst is infinite (its bucket's expiry
+    // came out as nan, which SET refused after the lease's writes), and a
+    // clock that steps back: the scripts neither fail nor lease more than
+    // the limit allows.
     let policy = QueuePolicy {
         rate_limits: lanekeeper::policy::RateLimits {
             default: Some(limit(1.0, 1.0)),
@@ -1307,6 +1309,7 @@ async fn rate_limits_survive_hostile_state() {
     s.set_virtual_clock(Q, t0).await.unwrap();
     fill(&s, Q, "acme", 5).await;
     fill(&s, Q, "odd", 5).await;
+    fill(&s, Q, "boundless", 5).await;
     let p = s.queue_prefix(Q);
     let mut raw = raw_conn().await;
     let _: () = redis::cmd("HSET")
@@ -1322,10 +1325,12 @@ async fn rate_limits_survive_hostile_state() {
         .arg(lanekeeper::store::keys::limits(&p))
         .arg("odd")
         .arg("garbage")
+        .arg("boundless")
+        .arg("1000 1000 1 inf")
         .query_async(&mut raw)
         .await
         .unwrap();
-    let (got, _) = lease_acking(&s, 10).await;
+    let (got, _) = lease_acking(&s, 15).await;
     assert_eq!(
         got.iter().filter(|t| *t == "acme").count(),
         1,
@@ -1335,6 +1340,11 @@ async fn rate_limits_survive_hostile_state() {
         got.iter().filter(|t| *t == "odd").count(),
         5,
         "an entry that does not parse is no limit: {got:?}"
+    );
+    assert_eq!(
+        got.iter().filter(|t| *t == "boundless").count(),
+        5,
+        "an endpoint bucket without bound is never empty: {got:?}"
     );
     // the clock steps back a minute: no tokens appear from it
     s.set_virtual_clock(Q, t0 - 60_000).await.unwrap();

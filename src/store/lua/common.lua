@@ -704,8 +704,16 @@ local function endpoint_gate(t, ep, lim, now)
   local raw = redis.call('GET', k)
   local tokens, at
   if raw then
-    local a, b = string.match(raw, '^(%d+):(%d+)$')
-    tokens, at = tonumber(a), tonumber(b)
+    -- '<tokens>:<at>' (spend_endpoint); a plain find, not a pattern
+    local c = string.find(raw, ':', 1, true)
+    if c then
+      tokens, at = tonumber(string.sub(raw, 1, c - 1)), tonumber(string.sub(raw, c + 1))
+      -- not two whole numbers from 0 up (written behind the scripts' back): full
+      if not (tokens and at and tokens >= 0 and at >= 0 and tokens % 1 == 0 and at % 1 == 0
+          and tokens < HUGE and at < HUGE) then
+        tokens, at = nil, nil
+      end
+    end
   end
   local level = bucket_level(tokens, at or now, lim.erate, lim.ecap, now)
   if level < ONE_TOKEN then return token_due(level, lim.erate, now) end
@@ -715,7 +723,13 @@ end
 -- Spend one token of an endpoint bucket; the key goes once it would be full again.
 local function spend_endpoint(k, level, lim, now)
   local left = level - ONE_TOKEN
-  redis.call('SET', k, left .. ':' .. now, 'PX', math.ceil((lim.ecap - left) / lim.erate) + 1000)
+  local px = math.ceil((lim.ecap - left) / lim.erate) + 1000
+  -- a bucket past what a double holds exactly, or a time that is not a
+  -- number (a limit written behind the scripts' back) is not kept: SET
+  -- would refuse it after this lease's writes
+  if not (left >= 0 and left < 9007199254740992 and px >= 1 and px < 9007199254740992) then return end
+  -- whole numbers, formatted as such (not by '..' and Redis's '%.17g')
+  redis.call('SET', k, string.format('%d:%d', left, now), 'PX', string.format('%d', px))
 end
 
 -- Put a tenant on the ring, at the head (a fresh turn) or the tail. Every
