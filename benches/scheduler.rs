@@ -48,10 +48,10 @@ use std::sync::Arc;
 use common::floor::{floor_deliveries, floor_enqueue, Layout};
 use common::{
     connect, enqueue_all, env, fair, fair_batched, fair_with, interleaved, measure, raw_backlog,
-    raw_connections, raw_pair, Rate, CLIENTS, CYCLES,
+    raw_connections, raw_pair, unthrottled_limits, Rate, CLIENTS, CYCLES,
 };
 use lanekeeper::envelope::Envelope;
-use lanekeeper::policy::{Isolation, QueuePolicy, RateLimit, RateLimits};
+use lanekeeper::policy::{Isolation, QueuePolicy};
 
 /// The floor: RPOP from one FIFO list, then HINCRBY, per message.
 async fn raw(url: &str) -> Rate {
@@ -262,18 +262,7 @@ fn main() {
         // Rate limits: 10,000 tenants, each checked against its own bucket
         // and its endpoint's at every lease, none ever out of tokens;
         // interleaved with the same run unlimited, compared by medians.
-        let limited = QueuePolicy {
-            rate_limits: RateLimits {
-                default: Some(RateLimit {
-                    per_second: 1_000_000.0,
-                    burst: 1_000_000.0,
-                    endpoint_per_second: 1_000_000.0,
-                    endpoint_burst: 1_000_000.0,
-                }),
-                ..Default::default()
-            },
-            ..QueuePolicy::default()
-        };
+        let limited = unthrottled_limits();
         let (mut unlimited_runs, mut limited_runs) = (Vec::new(), Vec::new());
         for round in 1..=3 {
             let u = fair(&url, 10_000).await;
