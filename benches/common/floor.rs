@@ -18,7 +18,7 @@ use std::sync::Arc;
 
 use lanekeeper::envelope::Envelope;
 
-use super::{measure, Rate};
+use super::{measure, raw_connections, Rate};
 
 /// Acks `n` deliveries and leases up to `k` envelopes. KEYS: the prefix.
 /// ARGV: lease_ms, token, k, n, then n pairs (id, lease member). Per ack:
@@ -210,10 +210,6 @@ fn prefix() -> String {
     format!("bench:floor:{}", RUN.fetch_add(1, Ordering::Relaxed))
 }
 
-async fn conns(url: &str, n: usize) -> Vec<redis::aio::MultiplexedConnection> {
-    super::raw_connections(url, n).await
-}
-
 /// Store `envs` with the floor's enqueue script, `chunk` per call, 1,000
 /// per pipeline from 4 producers (what `enqueue_all` does with the store).
 async fn enqueue(url: &str, p: &str, envs: &[Envelope], layout: Layout) {
@@ -244,7 +240,7 @@ async fn enqueue(url: &str, p: &str, envs: &[Envelope], layout: Layout) {
         .collect();
     let chunks = Arc::new(std::sync::Mutex::new(chunks));
     let mut tasks = Vec::new();
-    for mut conn in conns(url, 4).await {
+    for mut conn in raw_connections(url, 4).await {
         let (chunks, script, p) = (chunks.clone(), script.clone(), p.to_string());
         tasks.push(tokio::spawn(async move {
             // load it once, so the pipeline's EVALSHAs find it
@@ -293,7 +289,7 @@ pub async fn floor_deliveries(
     enqueue(url, &p, envs, layout).await;
     let script = redis::Script::new(layout.scripts().1);
     let left = Arc::new(AtomicU64::new(ops));
-    let conns = conns(url, clients).await;
+    let conns = raw_connections(url, clients).await;
     let phase = {
         let p = p.clone();
         async move {

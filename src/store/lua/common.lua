@@ -932,6 +932,9 @@ local function share_of(s)
   return x
 end
 
+-- The worker-seconds bucket of `now` (P:wsu:<bucket>).
+local function wsu_bucket(now) return P .. ':wsu:' .. math.floor(now / BUCKET_MS) end
+
 -- Add `us` worker-microseconds to tenant `t`'s share of the bucket of
 -- `now` (P:wsu:<bucket>), and the batch's `gathered` (tenant -> us) the
 -- same way. Cannot fail: a share that is not a whole number is replaced
@@ -939,7 +942,7 @@ end
 -- hash (HINCRBY, HMGET and HSET all raise) loses this call's worker-seconds
 -- instead of the ack failing.
 local function attribute(t, us, now)
-  local bucket = P .. ':wsu:' .. math.floor(now / BUCKET_MS)
+  local bucket = wsu_bucket(now)
   -- at most MAX_SHARE (a worker's elapsed time is checked finite, not
   -- sensible), as an integer's digits
   us = math.min(us, MAX_SHARE)
@@ -971,7 +974,7 @@ local function attribute_flush(now)
   for t in pairs(gathered) do ts[#ts + 1] = t end
   if #ts == 0 then return end
   if #ts == 1 then return attribute(ts[1], gathered[ts[1]], now) end
-  local bucket = P .. ':wsu:' .. math.floor(now / BUCKET_MS)
+  local bucket = wsu_bucket(now)
   local had = redis.pcall('HMGET', bucket, unpack(ts))
   if had.err then return end
   local set, fresh = {}, false
