@@ -137,17 +137,12 @@ async fn bad_input_is_refused_naming_the_field() {
 #[tokio::test]
 async fn corrupt_stored_envelope_is_dead_lettered_not_fatal() {
     let s = store(QueuePolicy::default()).await;
-    // Write a record the way a bug or a manual edit might: not an Envelope.
-    let mut conn = raw_conn().await;
+    // Store a payload the way a bug or a manual edit might: not an Envelope.
     s.enqueue(Q, &env("acme", 1)).await.unwrap();
-    let key = lanekeeper::store::keys::envelope(&s.queue_prefix(Q), "acme", "acme-1");
-    let _: () = redis::cmd("HSET")
-        .arg(&key)
-        .arg("p")
-        .arg("{not json")
-        .query_async(&mut conn)
+    support::bodies::stored::Conn::open(support::redis::shared().url.as_str())
         .await
-        .unwrap();
+        .set_payload(&s.queue_prefix(Q), "acme", "acme-1", "{not json")
+        .await;
     let l = lease(&s, Q).await.unwrap();
     let cause = l.envelope().unwrap_err().to_string();
     assert_eq!(

@@ -218,13 +218,10 @@ async fn every_settle_path_frees_its_endpoint_slot() {
                 }
                 5 if seq % 2 == 0 => {
                     // its record deleted behind the store's back
-                    raw(
-                        &url(),
-                        redis::cmd("DEL")
-                            .arg(keys::envelope(&s.queue_prefix(Q), "acme", &l.id))
-                            .clone(),
-                    )
-                    .await;
+                    support::bodies::stored::Conn::open(&url())
+                        .await
+                        .lose_body(&s.queue_prefix(Q), "acme", &l.id)
+                        .await;
                     s.ack(&l, Duration::from_millis(1)).await.unwrap();
                 }
                 6 => {

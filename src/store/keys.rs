@@ -147,13 +147,14 @@ pub fn tenant(prefix: &str, tenant: &str) -> String {
     format!("{prefix}:t:{tenant}")
 }
 
-/// A tenant's lane (`P:q:<tenant>`, a list of envelope ids, head first).
+/// A tenant's lane (`P:q:<tenant>`, a list of its queued envelopes, head
+/// first: each a [`LaneItem`]).
 pub fn lane(prefix: &str, tenant: &str) -> String {
     format!("{prefix}:q:{tenant}")
 }
 
 /// Under endpoint isolation, the lane of one of a tenant's endpoints
-/// (`P:qe:<len>:<tenant>:<endpoint>`, a list of envelope ids, head first).
+/// (`P:qe:<len>:<tenant>:<endpoint>`, a list of [`LaneItem`]s, head first).
 pub fn endpoint_lane(prefix: &str, tenant: &str, endpoint: &str) -> String {
     format!("{prefix}:qe:{}:{tenant}:{endpoint}", tenant.len())
 }
@@ -185,6 +186,62 @@ pub fn legacy_worker_seconds(prefix: &str, bucket: u64) -> String {
 /// The channel that wakes idle workers (`P:wake`).
 pub fn wake(prefix: &str) -> String {
     format!("{prefix}:wake")
+}
+
+/// One item of a lane or hold buffer (see `lane_item` in common.lua): an
+/// envelope stored whole, `"\x01<id>\n<endpoint>\n<seq>\n<enqueued ms>\n<payload>"`,
+/// or a bare id whose [`envelope`] record holds it. A lease of an envelope
+/// stored whole hands the worker its item (see `reply::parse_lease`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum LaneItem<'a> {
+    /// Stored whole. `seq` and `enqueued_ms` are 0 when not numbers
+    /// (written behind the scripts' back).
+    Whole {
+        id: &'a [u8],
+        endpoint: &'a [u8],
+        seq: u64,
+        enqueued_ms: u64,
+        payload: &'a [u8],
+    },
+    /// A bare id, whose record is [`envelope`]; also an item that starts
+    /// as a whole one but does not parse, which the scripts read the same way.
+    Bare(&'a [u8]),
+}
+
+/// Read one lane item as [`LaneItem`].
+pub fn lane_item(item: &[u8]) -> LaneItem<'_> {
+    if item.first() != Some(&1) {
+        return LaneItem::Bare(item);
+    }
+    let mut parts = item[1..].splitn(5, |&b| b == b'\n');
+    let number = |b: &[u8]| {
+        std::str::from_utf8(b)
+            .ok()
+            .and_then(|s| s.parse().ok())
+            .unwrap_or(0)
+    };
+    match (
+        parts.next(),
+        parts.next(),
+        parts.next(),
+        parts.next(),
+        parts.next(),
+    ) {
+        (Some(id), Some(endpoint), Some(seq), Some(at), Some(payload)) => LaneItem::Whole {
+            id,
+            endpoint,
+            seq: number(seq),
+            enqueued_ms: number(at),
+            payload,
+        },
+        _ => LaneItem::Bare(item),
+    }
+}
+
+/// The body of each in-flight envelope that was leased while stored whole
+/// (`P:leased`, a hash: its lease, as in `P:leases` -> its lane item).
+pub fn leased(prefix: &str) -> String {
+    format!("{prefix}:leased")
 }
 
 /// The record of a tenant's envelope: `P:e:<#tenant>:<tenant>:<id>`. The

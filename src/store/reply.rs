@@ -321,20 +321,44 @@ pub struct ReplayPage {
 
 pub use crate::policy::TenantStats;
 
+/// A LEASED reply names the envelope's payload, attempts, seq and enqueue
+/// time; an envelope stored whole in its lane comes as its lane item in
+/// the payload's place with no seq (the script reads only its id), and its
+/// parts are read here.
 pub(super) fn parse_lease(q: QueueId, items: &[Value]) -> Result<LeaseOutcome> {
     match tag(items).as_deref() {
-        Some("LEASED") if items.len() == 10 => Ok(LeaseOutcome::Leased(Lease {
-            queue: q,
-            id: string(&items[1]),
-            tenant: string(&items[2]),
-            payload: string(&items[3]),
-            attempts: int(&items[4]) as u32,
-            seq: int(&items[5]),
-            token: string(&items[6]),
-            deadline_ms: int(&items[7]),
-            enqueued_ms: int(&items[8]),
-            breaker: BreakerChange::parse(items.get(9)),
-        })),
+        Some("LEASED") if items.len() == 10 => {
+            let whole = match (&items[3], &items[5]) {
+                (Value::BulkString(item), Value::Nil) => match super::keys::lane_item(item) {
+                    super::keys::LaneItem::Whole {
+                        seq,
+                        enqueued_ms,
+                        payload,
+                        ..
+                    } => Some((
+                        String::from_utf8_lossy(payload).into_owned(),
+                        seq,
+                        enqueued_ms,
+                    )),
+                    super::keys::LaneItem::Bare(_) => None,
+                },
+                _ => None,
+            };
+            let (payload, seq, enqueued_ms) =
+                whole.unwrap_or_else(|| (string(&items[3]), int(&items[5]), int(&items[8])));
+            Ok(LeaseOutcome::Leased(Lease {
+                queue: q,
+                id: string(&items[1]),
+                tenant: string(&items[2]),
+                payload,
+                attempts: int(&items[4]) as u32,
+                seq,
+                token: string(&items[6]),
+                deadline_ms: int(&items[7]),
+                enqueued_ms,
+                breaker: BreakerChange::parse(items.get(9)),
+            }))
+        }
         Some("EMPTY") => Ok(LeaseOutcome::Empty {
             retry_after: Duration::from_millis(items.get(1).map(int).unwrap_or(1000)),
         }),

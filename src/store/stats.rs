@@ -182,9 +182,11 @@ impl Store {
             activity.queue_worker_seconds += map.values().sum::<f64>() / 1e6;
             activity.worker_seconds += map.get(tenant).copied().unwrap_or(0.0) / 1e6;
         }
-        let mut heads: Vec<String> = Vec::new();
-        if let Value::BulkString(id) = &replies[1] {
-            heads.push(String::from_utf8_lossy(id).into_owned());
+        // lane heads: an envelope stored whole says when it was enqueued,
+        // a bare id's record does
+        let mut heads: Vec<Vec<u8>> = Vec::new();
+        if let Value::BulkString(item) = &replies[1] {
+            heads.push(item.clone());
         } else {
             let endpoints: Vec<String> =
                 redis::from_redis_value_ref(&replies[2]).map_err(|e| bad(e.to_string()))?;
@@ -195,20 +197,29 @@ impl Store {
                         .arg(keys::endpoint_lane(&p, tenant, ep))
                         .arg(0);
                 }
-                let ids: Vec<Option<String>> = pipe.query_async(&mut conn).await?;
-                heads.extend(ids.into_iter().flatten());
+                let items: Vec<Option<Vec<u8>>> = pipe.query_async(&mut conn).await?;
+                heads.extend(items.into_iter().flatten());
             }
         }
-        if !heads.is_empty() {
-            let mut pipe = redis::pipe();
-            for id in &heads {
-                pipe.cmd("HGET")
-                    .arg(keys::envelope(&p, tenant, id))
-                    .arg("n");
+        let mut enqueued: Vec<u64> = Vec::new();
+        let mut pipe = redis::pipe();
+        let mut bare = 0;
+        for item in &heads {
+            match keys::lane_item(item) {
+                keys::LaneItem::Whole { enqueued_ms, .. } => enqueued.push(enqueued_ms),
+                keys::LaneItem::Bare(id) => {
+                    bare += 1;
+                    pipe.cmd("HGET")
+                        .arg(keys::envelope(&p, tenant, &String::from_utf8_lossy(id)))
+                        .arg("n");
+                }
             }
-            let enqueued: Vec<Option<u64>> = pipe.query_async(&mut conn).await?;
-            activity.oldest_enqueued_ms = enqueued.into_iter().flatten().min();
         }
+        if bare > 0 {
+            let got: Vec<Option<u64>> = pipe.query_async(&mut conn).await?;
+            enqueued.extend(got.into_iter().flatten());
+        }
+        activity.oldest_enqueued_ms = enqueued.into_iter().min();
         Ok(activity)
     }
 }

@@ -44,7 +44,13 @@
 --                           Redis and Lua to format and parse than 17-digit fractions
 --   P:tenants         SET   every tenant that has had work here (for attribution)
 --   P:paused          SET   tenants paused by a user here (up = '1'), for listing
---   P:q:<tenant>      LIST  the tenant's lane: envelope ids, head first (tenant isolation)
+--   P:q:<tenant>      LIST  the tenant's lane, head first (tenant isolation): its queued envelopes,
+--                           each stored whole in the lane as enqueue wrote it,
+--                           "\1<id>\n<endpoint>\n<seq>\n<enqueued ms>\n<payload>" (no record of its
+--                           own), or a bare id whose record P:e:<ref> holds it (a retry, a replay, a
+--                           move's import, an envelope of a library version before this one). No id
+--                           starts with "\1" (ids hold no control character), so the two never meet.
+--                           Hold buffers and endpoint lanes hold the same two kinds (see lane_item)
 --   P:qe:<len>:<tenant>:<endpoint>
 --                     LIST  under endpoint isolation, the lane of one of the tenant's endpoints
 --   P:ez:<tenant>     ZSET  under endpoint isolation, the tenant's ready endpoints -> virtual time
@@ -52,7 +58,7 @@
 --   P:eps:<tenant>    SET   under endpoint isolation, the tenant's endpoints whose lane holds work
 --   P:isq:<tenant>    HASH  under endpoint isolation, a move's import marks: s the source queue,
 --                           e:<endpoint> the last source seq imported to it (see import.lua)
---   P:h:<tenant>      LIST  hold buffer while paused
+--   P:h:<tenant>      LIST  hold buffer while paused (items as in the lane)
 --   P:e:<ref>         HASH  t tenant, s seq, a attempts (absent: 0), p payload, n enqueued ms,
 --                           ep endpoint, x holds slot. <ref> is "<#tenant>:<tenant>:<id>": an
 --                           envelope is named by its tenant and its id together, so two tenants'
@@ -65,6 +71,11 @@
 --                           Per tenant, so a move can copy a tenant's claims (claims.lua)
 --   P:idsx:<tenant>   SET   ids claimed while the tenant's claims are being copied (xc set)
 --   P:seq             STRING enqueue sequence
+--   P:leased          HASH  lease (as in P:leases) -> the lane item of an envelope leased while
+--                           stored whole: its body while it is in flight. Named by the lease, which
+--                           every call that ends one holds already. An ack deletes the field; a lease that
+--                           ends any other way (nack, release, expiry) writes the envelope's
+--                           record from it first (leased_record) and goes on as with any record
 --   P:leases          ZSET  lease -> deadline ms. A lease is the string
 --                           "<charged us>\n<leased ms>\n<id>\n<tenant>\n<worker token>" (no part
 --                           holds a control character; under endpoint isolation "\n<endpoint>"
@@ -125,7 +136,7 @@
 local BUCKET_MS = 10000
 
 -- The queue this call works on, and its policy: bound by `begin`.
-local P, RING, LEASES, DELAYED, BLOCKED
+local P, RING, LEASES, DELAYED, BLOCKED, LEASED
 local QUANTUM, ORDERED, CAP, DEFAULT_WEIGHT, EST0, MAX_ATTEMPTS, ID_TTL, MAINT_NEXT, TIER_WEIGHTS
 local BR_RATIO, BR_MIN, BR_WINDOW, BR_OPEN, DL_MAX, DL_AGE_MS
 -- The longest pause (ms) a receiver's Retry-After may put on its endpoint.
@@ -252,10 +263,10 @@ local function begin(keys)
   P = keys[1]
   local qk = QUEUE_KEYS[P]
   if not qk then
-    qk = { P .. ':ring', P .. ':leases', P .. ':delayed', P .. ':blocked', P .. ':conf' }
+    qk = { P .. ':ring', P .. ':leases', P .. ':delayed', P .. ':blocked', P .. ':conf', P .. ':leased' }
     QUEUE_KEYS[P] = qk
   end
-  RING, LEASES, DELAYED, BLOCKED = qk[1], qk[2], qk[3], qk[4]
+  RING, LEASES, DELAYED, BLOCKED, LEASED = qk[1], qk[2], qk[3], qk[4], qk[6]
   local conf = redis.call('HMGET', qk[5], 'policy', 'mnext', 'clock', 'minroute')
   local raw = conf[1] or ''
   local pol = POLICIES[raw]
@@ -441,6 +452,103 @@ local function adopt(t, id)
     return k, true
   end
   return k, false
+end
+
+-- ---- envelopes stored whole in their lane (see P:q:<tenant>) -----------
+-- Enqueue writes no record: the lane item is the envelope, and a lease
+-- takes it whole with the LPOP that takes it off the lane. While it is in
+-- flight its item waits in P:leased; only a lease that does not end in an
+-- ack writes its record (leased_record), as does a lease path that sends
+-- it to a state that keeps records (the delayed set).
+
+-- The lane item of an envelope stored whole. `id` and `ep` hold no
+-- control character; `seq` and `at` (enqueued ms) are strings of digits.
+-- The id comes first: a lease reads only it (item_id), and hands the item
+-- to the worker, which reads the rest (`store::keys::lane_item`).
+local function lane_item(id, ep, seq, at, payload)
+  return '\1' .. id .. '\n' .. ep .. '\n' .. seq .. '\n' .. at .. '\n' .. payload
+end
+
+-- The id of lane item `item` when it holds an envelope whole (else nil),
+-- and with `ep` its endpoint. Only as far as those is it read: a lease
+-- hands the item to the worker, whose reading of it
+-- (`store::keys::lane_item`) takes one that does not parse as a payload
+-- that does not decode, and dead-letters it so.
+local function item_id(item, ep)
+  if string.byte(item, 1) ~= 1 then return nil end
+  local a = string.find(item, '\n', 2, true)
+  if not a then return nil end
+  if not ep then return string.sub(item, 2, a - 1) end
+  local b = string.find(item, '\n', a + 1, true)
+  if b then return string.sub(item, 2, a - 1), string.sub(item, a + 1, b - 1) end
+end
+
+-- The id of lane item `item`, then, for an envelope stored whole, its seq,
+-- enqueued ms, endpoint and payload (strings); a bare id comes back alone.
+-- A whole item that does not parse (written behind the scripts' back) comes
+-- back alone too: read as a bare id, it has no record, and is dead-lettered
+-- as missing. Plain finds, not a pattern (see parse_lease).
+local function parse_item(item)
+  if string.byte(item, 1) ~= 1 then return item end
+  local a = string.find(item, '\n', 2, true)
+  local b = a and string.find(item, '\n', a + 1, true)
+  local c = b and string.find(item, '\n', b + 1, true)
+  local d = c and string.find(item, '\n', c + 1, true)
+  if not d then return item end
+  return string.sub(item, 2, a - 1), string.sub(item, b + 1, c - 1), string.sub(item, c + 1, d - 1),
+    string.sub(item, a + 1, b - 1), string.sub(item, d + 1)
+end
+
+-- Write the record of envelope `id` of tenant `t` from its whole lane item
+-- `item`, the fields enqueue wrote before envelopes were stored whole. An
+-- item that does not parse (written behind the scripts' back; a lease hands
+-- it to the worker as a payload that does not decode) is kept whole as the
+-- payload, so a dead letter keeps its bytes. Cannot fail.
+local function item_record(t, id, item)
+  local _, seq, at, ep, payload = parse_item(item)
+  if not seq then seq, at, ep, payload = '0', '0', '', item end
+  redis.call('HSET', ekey(t, id), 't', t, 's', seq, 'p', payload, 'n', at, 'ep', ep)
+end
+
+-- The record of envelope `id` of tenant `t`, leased as `lease`: one leased
+-- while stored whole has its record written from P:leased (and its field
+-- there deleted); else as adopt finds it. Returns the record's key and
+-- whether it exists. A P:leased of the wrong type counts as holding
+-- nothing: the callers have written before they ask, and must not fail.
+local function leased_record(t, id, lease)
+  local item = redis.pcall('HGET', LEASED, lease)
+  if type(item) == 'string' then
+    redis.call('HDEL', LEASED, lease)
+    item_record(t, id, item)
+    return ekey(t, id), true
+  end
+  return adopt(t, id)
+end
+
+-- The endpoint of the envelope leased as `lease` (record key `ek`), ''
+-- when it names none.
+local function leased_endpoint(lease, ek)
+  local item = redis.pcall('HGET', LEASED, lease)
+  if type(item) == 'string' then
+    local _, seq, _, ep = parse_item(item)
+    if seq then return ep end
+  end
+  return redis.call('HGET', ek, 'ep') or ''
+end
+
+-- Forget the bodies of acked deliveries, named by their leases (at most
+-- 64, each parsed by end_lease already): those leased whole are fields of
+-- P:leased, the others records. One call when all were leased whole.
+-- Cannot fail.
+local function forget_bodies(leases)
+  if #leases == 0 then return end
+  if redis.pcall('HDEL', LEASED, unpack(leases)) == #leases then return end
+  local keys = {}
+  for i, m in ipairs(leases) do
+    local _, _, id, t = parse_lease(m)
+    keys[i] = ekey(t, id)
+  end
+  redis.call('DEL', unpack(keys))
 end
 
 -- Idempotency: which of tenant `t`'s `ids` are new to this queue? Returns a
@@ -1230,7 +1338,7 @@ local function reap(now, limit)
     redis.call('ZREM', LEASES, member)
     local c, at, id, t, ep = parse_lease(member)
     if c then
-      local ek, present = adopt(t, id)
+      local ek, present = leased_record(t, id, member)
       local used = (now - num(at, now)) * 1000
       if not present then
         dead_missing_lease(t, id, c, used, now, ep)

@@ -1,5 +1,6 @@
 -- Helpers (common.lua): istr, num, ms_text, lease_member, end_lease, end_leases, tkey, lane, eplane, ezkey,
---   has_ready, ekey, adopt, quantum, cap_of, ep_cap, block_of, ep_after, limit_of, bucket_level,
+--   has_ready, ekey, adopt, item_id, item_record, leased_endpoint, forget_bodies, quantum,
+--   cap_of, ep_cap, block_of, ep_after, limit_of, bucket_level,
 --   token_due, endpoint_gate, spend_endpoint, push_active, breaker_gate, breaker_record, unblock_due,
 --   paced_until, pace_clear, estimate_after, settle, dead_letter, delayed_member, promote_due, reap
 -- Lease and ack, shared by the lease, ack and ack_lease scripts.
@@ -83,15 +84,38 @@ local function park(t, tk, due, now, extra)
 end
 
 -- Add the leases a batch gathered (score, member pairs, at most 64) to
--- P:leases in one call, and empty the list.
-local function leases_flush(pending)
-  if #pending == 0 then return end
-  redis.call('ZADD', LEASES, unpack(pending))
-  for i = #pending, 1, -1 do pending[i] = nil end
+-- P:leases in one call, and the bodies of those leased whole (ref, item
+-- pairs) to P:leased in one more, and empty both lists.
+local function leases_flush(pending, bodies)
+  if #pending > 0 then
+    redis.call('ZADD', LEASES, unpack(pending))
+    for i = #pending, 1, -1 do pending[i] = nil end
+  end
+  if bodies and #bodies > 0 then
+    redis.call('HSET', LEASED, unpack(bodies))
+    for i = #bodies, 1, -1 do bodies[i] = nil end
+  end
 end
 
 -- The record's fields a lease reads, without and with its endpoint.
 local RECORD, RECORD_EP = { 'p', 'a', 's', 'n' }, { 'p', 'a', 's', 'n', 'ep' }
+
+-- What a lease reads of lane item `item` of tenant `t`: the id, the
+-- envelope as {payload, attempts, seq, enqueued ms, endpoint} (payload nil:
+-- its record is gone), and the item when the envelope is stored whole
+-- (nil: it has a record). `fields` are the record's fields to read. An
+-- envelope stored whole comes as {item, nil, nil, nil, endpoint}: the
+-- worker reads the rest from the item (a LEASED reply with no seq and an
+-- item for payload), and the endpoint is read only when `fields` asks.
+local function lane_envelope(t, item, fields)
+  local id, ep = item_id(item, fields == RECORD_EP)
+  if id then return id, { item, false, false, false, ep }, item end
+  id = item
+  local ek = ekey(t, id)
+  local env = redis.call('HMGET', ek, unpack(fields))
+  if not env[1] and select(2, adopt(t, id)) then env = redis.call('HMGET', ek, unpack(fields)) end
+  return id, env, nil
+end
 
 -- How many envelopes in a row the tenant at the ring's head leases before
 -- one of them moves it (see reposition), at most `want`: it stays while it
@@ -111,8 +135,8 @@ local function run_length(d, e, b, room, want)
   return n
 end
 
--- Put `ids[j]` and those after it (the unleased rest of a run) back at the
--- head of tenant `t`'s lane, in order. Cannot fail.
+-- Put `ids[j]` and those after it (the unleased rest of a run, lane items
+-- as popped) back at the head of tenant `t`'s lane, in order. Cannot fail.
 local function lane_return(t, ids, j)
   local back = {}
   for x = #ids, j, -1 do back[#back + 1] = ids[x] end
@@ -128,9 +152,9 @@ end
 -- Due retries and expired leases are handled here at most every 100 ms while
 -- the queue is busy (workers also call `maintain` on a timer), and always
 -- before answering EMPTY, so an idle queue recovers at once.
--- With `batch` (see lease_batch.lua: {pending, token, at, want, out}), the
--- lease goes to `batch.pending`, for leases_flush, instead of into
--- P:leases at once, its token is `batch.token` followed by '.' and its
+-- With `batch` (see lease_batch.lua: {pending, bodies, token, at, want, out}), the
+-- lease goes to `batch.pending` (and the body of an envelope stored whole
+-- to `batch.bodies`), for leases_flush, instead of into P:leases at once, its token is `batch.token` followed by '.' and its
 -- place in the batch (`at`), and a tenant that would stay at the ring's
 -- head lease after lease is served a run of up to `want` envelopes in this
 -- one step (see run_length): one LEASED reply (10 items) per envelope is
@@ -138,7 +162,7 @@ end
 -- is what is returned, with the steps (one per lease, as single calls
 -- would count) and, third, how many envelopes were leased.
 local function lease_next(lease_ms, token, budget, now, batch)
-  local pending = batch and batch.pending
+  local pending, bodies = batch and batch.pending, batch and batch.bodies
   local maintained = false
   if now >= MAINT_NEXT then
     maintain_queue(now)
@@ -154,7 +178,7 @@ local function lease_next(lease_ms, token, budget, now, batch)
     end
     if not t then
       -- the batch's leases count for the wait
-      if pending then leases_flush(pending) end
+      if pending then leases_flush(pending, bodies) end
       local wait = 1000
       local due = redis.call('ZRANGE', DELAYED, 0, 0, 'WITHSCORES')
       if due[2] then wait = math.min(wait, tonumber(due[2]) - now) end
@@ -196,8 +220,9 @@ local function lease_next(lease_ms, token, budget, now, batch)
         park(t, tk, token_due(level, lim.rate, now), now, { 'tk', level, 'tu', now })
       end
     end
-    -- ids: the run popped (nil: one envelope), run: how many it asked for
-    local id, ids, run = false, nil, nil
+    -- item: the lane item popped (see lane_item); ids: the run popped (nil:
+    -- one envelope), run: how many it asked for
+    local item, ids, run = false, nil, nil
     -- under endpoint isolation: the endpoint served (least virtual time),
     -- its virtual time and its in-flight count
     local lep, lv, lf
@@ -207,9 +232,9 @@ local function lease_next(lease_ms, token, budget, now, batch)
         lep, lv = z[1], tonumber(z[2]) or 0
         if lep then
           lf = num(redis.call('HGET', tk, 'ef:' .. lep), 0)
-          if lf < ep_cap(cap) then id = redis.call('LPOP', eplane(t, lep)) end
+          if lf < ep_cap(cap) then item = redis.call('LPOP', eplane(t, lep)) end
           -- at its cap or its lane empty: parked or idle, and the scan goes on
-          if not id then ep_after(t, lep, lv, lf, cap) end
+          if not item then ep_after(t, lep, lv, lf, cap) end
         end
       else
         -- a run needs every envelope of it to pass the checks the first
@@ -218,24 +243,22 @@ local function lease_next(lease_ms, token, budget, now, batch)
           and run_length(d, e, b, cap - f, math.min(batch.want, budget - step + 1))
         if run and run > 1 then
           ids = redis.call('LPOP', lane(t), run)
-          id = ids and ids[1]
+          item = ids and ids[1]
         else
-          id = redis.call('LPOP', lane(t))
+          item = redis.call('LPOP', lane(t))
         end
       end
     end
-    local env, pass, change, paced = nil, true, '', nil
+    -- id: the envelope's; whole: its item when it is stored whole (see lane_item)
+    local id, env, whole, pass, change, paced = false, nil, nil, true, '', nil
     local ekk, elevel
-    if id then
-      local ek = ekey(t, id)
+    if item then
       -- the endpoint matters only to a tenant with breakers in use, a pause
       -- in force or an endpoint limit: then it is read with the record
       local bw = num(st[4], 0)
       local limited = lim and lim.erate > 0
       local gated = bw > 0 or pz > 0 or limited
-      local fields = (gated and not lep) and RECORD_EP or RECORD
-      env = redis.call('HMGET', ek, unpack(fields))
-      if not env[1] and select(2, adopt(t, id)) then env = redis.call('HMGET', ek, unpack(fields)) end
+      id, env, whole = lane_envelope(t, item, (gated and not lep) and RECORD_EP or RECORD)
       if env[1] and gated then
         local ep = lep or env[5] or ''
         if ep ~= '' then
@@ -255,19 +278,20 @@ local function lease_next(lease_ms, token, budget, now, batch)
     elseif id and lep and (paced or pass ~= true) then
       -- endpoint isolation: only this endpoint waits (its order holds),
       -- the tenant's others keep its turn
-      redis.call('LPUSH', eplane(t, lep), id)
+      redis.call('LPUSH', eplane(t, lep), item)
       ep_block(t, lep, lv, paced or pass)
       reposition(t, tk, d, f, 0, b, {}, tr, cap)
     elseif id and paced then
       if ORDERED then
         -- order forbids passing it: the tenant steps off the ring until the
         -- pause is over (unblock_due lifts it), like a breaker block
-        redis.call('LPUSH', lane(t), id)
+        redis.call('LPUSH', lane(t), item)
         park(t, tk, paced, now, {})
       else
         -- this envelope waits out its endpoint's pause in the delayed set (a
         -- retry without an attempt, no slot kept); the tenant's other
-        -- endpoints keep flowing
+        -- endpoints keep flowing. The delayed set names records.
+        if whole then item_record(t, id, whole) end
         redis.call('ZADD', DELAYED, paced, delayed_member(t, id, false))
         redis.call('HINCRBY', tk, 'w', 1)
         reposition(t, tk, d, f, 0, b, {}, tr, cap)
@@ -276,7 +300,7 @@ local function lease_next(lease_ms, token, budget, now, batch)
       -- the head envelope's endpoint is broken or out of tokens: the tenant
       -- steps off the ring until a probe or a token may go, and its share
       -- goes to the others
-      redis.call('LPUSH', lane(t), id)
+      redis.call('LPUSH', lane(t), item)
       park(t, tk, pass, now, {})
     elseif id then
       if not env[1] then
@@ -314,8 +338,7 @@ local function lease_next(lease_ms, token, budget, now, batch)
         for j = 1, ids and #ids or 1 do
           local jid = id
           if j > 1 then
-            jid = ids[j]
-            env = redis.call('HMGET', ekey(t, jid), unpack(RECORD))
+            jid, env, whole = lane_envelope(t, ids[j], RECORD)
             -- its record is missing: it and the rest go back, for the next step
             if not env[1] then
               lane_return(t, ids, j)
@@ -335,8 +358,13 @@ local function lease_next(lease_ms, token, budget, now, batch)
           if pending then
             pending[#pending + 1] = ms_text(deadline)
             pending[#pending + 1] = member
+            if whole then
+              bodies[#bodies + 1] = member
+              bodies[#bodies + 1] = whole
+            end
           else
             redis.call('ZADD', LEASES, ms_text(deadline), member)
+            if whole then redis.call('HSET', LEASED, member, whole) end
           end
           m = j
           local o = base + 10 * (j - 1)
@@ -369,8 +397,8 @@ end
 -- The second value is the breaker's state change ('closed' after a probe).
 -- In a batch (see lease_batch.lua), `held` is end_leases' answer for
 -- this lease ({charge, tenant, endpoint} when it was held and is taken,
--- false when not), and the record's key is added to `dels` for the caller
--- to delete, one DEL for the batch.
+-- false when not), and the lease is added to `dels` for the caller to
+-- forget the envelope's body (forget_bodies), once for the batch.
 local function ack_one(id, lease, elapsed, now, dels, held)
   local c, t, ep
   if held == nil then
@@ -379,19 +407,18 @@ local function ack_one(id, lease, elapsed, now, dels, held)
     c, t, ep = held[1], held[2], held[3]
   end
   if not c then return 'STALE', '' end
-  local ek = ekey(t, id)
   local bw = settle(t, c, elapsed, now, true, 'delivered', ep)
   local change = ''
   -- the endpoint matters only to a tenant with breakers in use
-  if bw > 0 then change = breaker_record(t, ep or redis.call('HGET', ek, 'ep') or '', false, bw, now) end
-  if dels then dels[#dels + 1] = ek else redis.call('DEL', ek) end
+  if bw > 0 then change = breaker_record(t, ep or leased_endpoint(lease, ekey(t, id)), false, bw, now) end
+  if dels then dels[#dels + 1] = lease else forget_bodies({ lease }) end
   return 'OK', change
 end
 
 -- Acknowledge a batch's deliveries (lease_batch.lua): `ids[i]`, `members[i]`,
 -- `elapsed[i]` for each; writes each one's status and breaker change (as
--- ack_one answers them) to out[2i] and out[2i + 1], and adds the records'
--- keys to `dels`. Each tenant's state is read and written once, however
+-- ack_one answers them) to out[2i] and out[2i + 1], and adds the
+-- leases acked to `dels`. Each tenant's state is read and written once, however
 -- many of its deliveries the batch acks, with what settle would have
 -- written after each in turn, and tenants parked at their cap rejoin the
 -- ring in the order single acks would put them there. Under endpoint
@@ -457,7 +484,7 @@ local function ack_batch(ids, members, elapsed, now, out, dels)
       local u = math.floor(actual + 0.5)
       if u > 0 then us = us + u end
       out[2 * i] = 'OK'
-      dels[#dels + 1] = ekey(t, ids[i])
+      dels[#dels + 1] = members[i]
     end
     local set = { 'e', e, 'd', d, 'f', istr(f), 'ok', ok, 'n', depth }
     if rejoin then

@@ -1,4 +1,4 @@
--- Helpers (common.lua): num, now_ms, tkey, hold, epskey, ekey, claim_ids, lane_append, activate,
+-- Helpers (common.lua): num, now_ms, tkey, hold, epskey, lane_item, claim_ids, lane_append, activate,
 --   activate_fresh
 -- ARGV: id, tenant, endpoint, payload, backlog limit (0: none), tier ('':
 -- unknown, keep what the tenant has; '-': none, clear it; else the tier
@@ -25,7 +25,8 @@
 -- Ids are the tenant's own: two tenants may use the same id (see P:e:<ref>).
 -- Per batch: tenant state is read once per tenant, each tenant's ids are
 -- checked in two set lookups and claimed in one, and each tenant's lane gets
--- one RPUSH, so an envelope costs one HSET of its own.
+-- one RPUSH, which stores its envelopes whole (lane_item): an envelope costs
+-- no call of its own.
 local n = math.floor(#ARGV / 6)
 -- the caller sends at most ENQUEUE_CHUNK (200); refuse, before any write,
 -- what could not be unpacked
@@ -127,13 +128,13 @@ for k = 1, n do
   else
     ts.fresh[id] = nil -- the same id twice in one batch is stored once
     local seq = seq0 + k
-    -- attempts ('a') are absent until the first failure
-    redis.call('HSET', ekey(t, id), 't', t, 's', seq, 'p', payload, 'n', now_s, 'ep', ep)
+    -- attempts are none until the first failure, which writes a record
+    local item = lane_item(id, ep, string.format('%d', seq), now_s, payload)
     if ts.paused then
-      ts.held[#ts.held + 1] = id
+      ts.held[#ts.held + 1] = item
       out[#out + 1] = 'HELD'
     else
-      ts.lane[#ts.lane + 1] = id
+      ts.lane[#ts.lane + 1] = item
       if ISO_EP then ts.lane_eps[#ts.lane] = ep end
       out[#out + 1] = 'OK'
     end

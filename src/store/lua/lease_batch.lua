@@ -1,4 +1,4 @@
--- Helpers (common.lua): count_arg, now_ms, attribute_gather, attribute_flush
+-- Helpers (common.lua): count_arg, now_ms, forget_bodies, attribute_gather, attribute_flush
 -- Helpers (deliver.lua): leases_flush, lease_next, ack_batch
 -- ARGV: lease_ms, token, budget, k, n, then n triples (id, lease, elapsed_us):
 -- acks the n deliveries, then leases up to k envelopes, each by its own turn
@@ -39,7 +39,7 @@ end
 -- one flat reply (a table per lease costs Redis a dozen lookups to convert)
 local out, dels = { n }, {}
 ack_batch(ids, members, elapsed, now, out, dels)
-if #dels > 0 then redis.call('DEL', unpack(dels)) end
+forget_bodies(dels)
 attribute_flush(now)
 local count_at = #out + 1
 out[count_at] = 0
@@ -47,7 +47,8 @@ out[count_at] = 0
 -- more tenants than one lease may, so its time is bounded whatever k
 local pending, leased, left = {}, 0, budget
 -- lease_next appends each lease's reply to `out` itself
-local batch = { pending = pending, token = token, out = out }
+local bodies = {}
+local batch = { pending = pending, bodies = bodies, token = token, out = out }
 while leased < k do
   batch.at, batch.want = leased + 1, k - leased
   local r, steps, m = lease_next(lease_ms, token, left, now, batch)
@@ -60,5 +61,5 @@ while leased < k do
   leased = leased + m
 end
 out[count_at] = leased
-leases_flush(pending)
+leases_flush(pending, bodies)
 return out

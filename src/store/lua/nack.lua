@@ -1,4 +1,4 @@
--- Helpers (common.lua): count_arg, now_ms, end_lease, adopt, breaker_record, pace_endpoint, settle,
+-- Helpers (common.lua): count_arg, now_ms, end_lease, leased_record, breaker_record, pace_endpoint, settle,
 --   dead_letter, dead_missing_lease, delayed_member
 -- ARGV: id, token, elapsed_us, delay_ms, dead (0|1), cause, endpoint failure (0|1:
 -- counts against the endpoint's circuit breaker), pace ms (0 or absent: none).
@@ -23,7 +23,7 @@ end
 local charged, t, ep = end_lease(id, token)
 if not charged then return { 'STALE' } end
 local now = now_ms()
-local ek, present = adopt(t, id)
+local ek, present = leased_record(t, id, token)
 if not present then
   dead_missing_lease(t, id, charged, elapsed, now, ep)
   return { 'DEAD', 0, 0, '' }

@@ -1,5 +1,5 @@
 -- Helpers (common.lua): istr, num, now_ms, tkey, lane, dlkey, eplane, ezkey, epskey, queued_of,
---   ekey, dl_retain
+--   ekey, parse_item, dl_retain
 -- ARGV: tenant, mode ('dead': to its dead letters with cause `purged`;
 -- 'drop': deleted, counted), limit (at most 1000).
 -- A user's purge of one tenant's queued envelopes in this queue, one step:
@@ -32,9 +32,18 @@ else
   ids = redis.call('LRANGE', lane(t), 0, limit - 1)
   lanes[1] = { lane(t), #ids }
 end
-local recs = {}
-if mode == 'dead' then
-  for i, id in ipairs(ids) do recs[i] = redis.call('HMGET', ekey(t, id), 'p', 'a', 'ep') end
+-- lane items (see lane_item): an envelope stored whole is read from its
+-- item, any other from its record (deleted below)
+local recs, bare = {}, {}
+for i, item in ipairs(ids) do
+  local id, seq, _, ep, payload = parse_item(item)
+  ids[i] = id
+  if seq then
+    recs[i] = { payload, '0', ep }
+  else
+    bare[i] = true
+    if mode == 'dead' then recs[i] = redis.call('HMGET', ekey(t, id), 'p', 'a', 'ep') end
+  end
 end
 -- writes
 local n = #ids
@@ -54,7 +63,7 @@ if n > 0 then
       redis.call('XADD', dlkey(t), '*', 'id', id, 'a', istr(num(r[2], 0)), 'c', 'purged', 'at', now,
         'p', r[1] or '', 'ep', r[3] or '')
     end
-    redis.call('DEL', ekey(t, id))
+    if bare[i] then redis.call('DEL', ekey(t, id)) end
   end
   local set = { 'n', math.max(num(st[3], 0) - n, 0) }
   if mode == 'dead' then

@@ -1,4 +1,4 @@
--- Helpers (common.lua): now_ms, end_lease, tkey, adopt, release, dead_missing_lease, return_to_head
+-- Helpers (common.lua): now_ms, end_lease, tkey, leased_record, release, dead_missing_lease, return_to_head
 -- ARGV: id, token. Gives a leased envelope back undelivered (a worker
 -- shutting down): it returns to the head of its lane in order, its slot is
 -- freed and its charge refunded, and no attempt is counted. An envelope
@@ -7,7 +7,7 @@
 local id, token = ARGV[1], ARGV[2]
 local charged, t, ep = end_lease(id, token)
 if not charged then return 'STALE' end
-local ek, present = adopt(t, id)
+local ek, present = leased_record(t, id, token)
 if not present then
   local now = now_ms()
   dead_missing_lease(t, id, charged, 0, now, ep)

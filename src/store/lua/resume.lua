@@ -1,4 +1,4 @@
--- Helpers (common.lua): tkey, lane, hold, adopt, lane_append, activate
+-- Helpers (common.lua): tkey, lane, hold, adopt, parse_item, lane_append, activate
 -- ARGV: tenant, limit. Appends the hold buffer to the lane in order and
 -- unpauses (and stops copying its claims, should a move have begun). A long buffer is moved in steps of `limit` (the tenant stays
 -- paused meanwhile, so order holds): returns {'MORE', moved} until {'DONE', moved}.
@@ -8,11 +8,15 @@ local h, q = hold(t), lane(t)
 local moved = 0
 if ISO_EP then
   -- each held envelope to the lane of its endpoint, in order (at most a
-  -- page: the record of each is read for its endpoint)
+  -- page: the endpoint of each is read from it when it is stored whole,
+  -- else from its record)
   limit = math.min(math.max(math.floor(limit or 500), 1), 1000)
   local ids = redis.call('LRANGE', h, 0, limit - 1)
   local eps = {}
-  for i, id in ipairs(ids) do eps[i] = redis.call('HGET', adopt(t, id), 'ep') or '' end
+  for i, item in ipairs(ids) do
+    local id, seq, _, ep = parse_item(item)
+    eps[i] = seq and ep or redis.call('HGET', adopt(t, id), 'ep') or ''
+  end
   moved = #ids
   lane_append(t, ids, eps)
   if moved > 0 then redis.call('LTRIM', h, moved, -1) end

@@ -1,13 +1,15 @@
--- Helpers (common.lua): num, tkey, hold, ekey
+-- Helpers (common.lua): num, tkey, hold, ekey, parse_item
 -- ARGV: tenant, ids... Removes these ids from the head of the hold buffer
--- once the target queue has them. Idempotent. Returns the count removed.
+-- once the target queue has them (with their records; an envelope stored
+-- whole has none). Idempotent. Returns the count removed.
 local t = ARGV[1]
 local n = 0
 for i = 2, #ARGV do
   local id = ARGV[i]
-  if redis.call('LINDEX', hold(t), 0) == id then
+  local head = redis.call('LINDEX', hold(t), 0)
+  if head and parse_item(head) == id then
     redis.call('LPOP', hold(t))
-    redis.call('DEL', ekey(t, id))
+    if head == id then redis.call('DEL', ekey(t, id)) end
     n = n + 1
   end
 end

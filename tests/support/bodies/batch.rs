@@ -199,9 +199,10 @@ pub async fn a_batch_leaves_the_state_k_single_calls_leave(url: &str) {
             fill(s, Q, t, if t == "m" { 12 } else { 30 }).await;
         }
         // records lost behind the scripts' back, one mid-lane, two in a row
+        let mut conn = super::stored::Conn::open(url).await;
         for (t, i) in [("t1", 2), ("m", 4), ("m", 9), ("m", 10)] {
-            let key = keys::envelope(&s.queue_prefix(Q), t, &format!("{t}-{i}"));
-            super::dataplane::raw(url, redis::cmd("DEL").arg(&key).clone()).await;
+            conn.lose_body(&s.queue_prefix(Q), t, &format!("{t}-{i}"))
+                .await;
         }
     }
     // how long a delivery takes: short on even rounds, long on odd ones, so
@@ -654,14 +655,12 @@ pub async fn a_garbage_attribution_field_fails_no_ack(url: &str) {
         batch.acked.iter().all(|a| a.acked),
         "lease_batch, both tenants"
     );
-    // every record acked is gone, and the buckets hold numbers
+    // every body acked is gone, and the buckets hold numbers
+    let mut conn = super::stored::Conn::open(url).await;
     for l in leased {
-        let mut cmd = redis::cmd("EXISTS");
-        cmd.arg(keys::envelope(&p, &l.tenant, &l.id));
-        assert_eq!(
-            super::dataplane::raw(url, cmd).await,
-            redis::Value::Int(0),
-            "{}'s record stayed",
+        assert!(
+            !conn.body_kept(&p, &l.tenant, &l.id).await,
+            "{}'s body stayed",
             l.id
         );
     }

@@ -95,16 +95,11 @@ pub async fn the_lease_not_the_payload_names_the_tenant(url: &str) {
     let mut forged = named("mallory", "x-1");
     forged.payload = serde_json::json!({ "owner": "mallory" });
     s.enqueue(Q, &forged).await.unwrap();
-    let mut conn = raw(url).await;
-    let key = keys::envelope(&s.queue_prefix(Q), "mallory", "x-1");
     let payload = serde_json::json!({ "id": "victim-7", "tenant": "victim", "payload": {} });
-    let _: () = redis::cmd("HSET")
-        .arg(&key)
-        .arg("p")
-        .arg(payload.to_string())
-        .query_async(&mut conn)
+    super::stored::Conn::open(url)
         .await
-        .unwrap();
+        .set_payload(&s.queue_prefix(Q), "mallory", "x-1", &payload.to_string())
+        .await;
     let l = lease(&s, Q).await.unwrap();
     let env = l.envelope().unwrap();
     assert_eq!((env.tenant.as_str(), env.id.as_str()), ("mallory", "x-1"));
@@ -377,9 +372,8 @@ pub async fn a_missing_record_never_wedges_its_tenant(url: &str) {
         };
         let s = store(url, policy.clone()).await;
         s.configure_queue(LANE, &policy).await.unwrap();
-        let mut conn = raw(url).await;
+        let mut conn = super::stored::Conn::open(url).await;
         let prefix = s.queue_prefix(Q);
-        let del = |id: &str| keys::envelope(&prefix, "t", id);
         for i in 0..5 {
             s.enqueue(Q, &named("t", &format!("m{i}"))).await.unwrap();
         }
@@ -388,22 +382,14 @@ pub async fn a_missing_record_never_wedges_its_tenant(url: &str) {
             lanekeeper::store::LeaseOutcome::Leased(l) => l,
             o => panic!("{o:?}"),
         };
-        let _: () = redis::cmd("DEL")
-            .arg(del(&l.id))
-            .query_async(&mut conn)
-            .await
-            .unwrap();
+        conn.lose_body(&prefix, "t", &l.id).await;
         tokio::time::sleep(Duration::from_millis(5)).await;
         s.maintain(Q, 32).await.unwrap();
         let st = s.tenant_state(Q, "t").await.unwrap();
         assert_eq!((st.in_flight, st.depth), (0, 4), "after reap: {st:?}");
         // 2. nacked with its record gone
         let l = lease(&s, Q).await.expect("the tenant is not parked");
-        let _: () = redis::cmd("DEL")
-            .arg(del(&l.id))
-            .query_async(&mut conn)
-            .await
-            .unwrap();
+        conn.lose_body(&prefix, "t", &l.id).await;
         let out = s
             .nack(
                 &l,
@@ -422,19 +408,11 @@ pub async fn a_missing_record_never_wedges_its_tenant(url: &str) {
         )
         .await
         .unwrap();
-        let _: () = redis::cmd("DEL")
-            .arg(del(&l.id))
-            .query_async(&mut conn)
-            .await
-            .unwrap();
+        conn.lose_body(&prefix, "t", &l.id).await;
         s.maintain(Q, 32).await.unwrap();
         // 4. released with its record gone
         let l = lease(&s, Q).await.expect("its retry slot was given back");
-        let _: () = redis::cmd("DEL")
-            .arg(del(&l.id))
-            .query_async(&mut conn)
-            .await
-            .unwrap();
+        conn.lose_body(&prefix, "t", &l.id).await;
         assert!(s.release(&l).await.unwrap());
         let st = s.tenant_state(Q, "t").await.unwrap();
         assert_eq!(

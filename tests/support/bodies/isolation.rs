@@ -406,13 +406,10 @@ pub async fn reaps_releases_and_lost_records_free_endpoint_slots(url: &str) {
     );
     // Its record is deleted behind the store's back while it is leased.
     let prefix = s.queue_prefix(Q);
-    super::dataplane::raw(
-        url,
-        redis::cmd("DEL")
-            .arg(lanekeeper::store::keys::envelope(&prefix, "acme", &l.id))
-            .clone(),
-    )
-    .await;
+    super::stored::Conn::open(url)
+        .await
+        .lose_body(&prefix, "acme", &l.id)
+        .await;
     assert!(matches!(
         s.nack(
             &l,

@@ -12,3 +12,4 @@ pub mod health;
 pub mod integrity;
 pub mod isolation;
 pub mod model;
+pub mod stored;

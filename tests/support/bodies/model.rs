@@ -64,7 +64,7 @@ type Key = (String, String); // (tenant, id)
 
 struct Model {
     s: Store,
-    raw: Raw,
+    raw: super::stored::Conn,
     /// Where each tenant lives.
     at: [QueueId; TENANTS],
     next: [u64; TENANTS],
@@ -80,21 +80,6 @@ struct Model {
     isolation: Isolation,
     /// Paused by a user now.
     paused: [bool; TENANTS],
-}
-
-enum Raw {
-    Single(redis::aio::MultiplexedConnection),
-    Cluster(redis::cluster_async::ClusterConnection),
-}
-
-impl Raw {
-    async fn del(&mut self, key: String) {
-        let cmd = redis::cmd("DEL").arg(key).clone();
-        match self {
-            Raw::Single(c) => cmd.query_async::<()>(c).await.unwrap(),
-            Raw::Cluster(c) => cmd.query_async::<()>(c).await.unwrap(),
-        }
-    }
 }
 
 impl Model {
@@ -185,22 +170,7 @@ pub async fn run_batched(
     // a routing table (every tenant hashes to Q): a user's pause finds the
     // tenant from there, following its moved mark to the lane
     s.set_shards(1).await.unwrap();
-    let raw = match lanekeeper::store::cluster_nodes(url) {
-        Some(nodes) => Raw::Cluster(
-            redis::cluster::ClusterClient::new(nodes.unwrap())
-                .unwrap()
-                .get_async_connection()
-                .await
-                .unwrap(),
-        ),
-        None => Raw::Single(
-            redis::Client::open(url)
-                .unwrap()
-                .get_multiplexed_async_connection()
-                .await
-                .unwrap(),
-        ),
-    };
+    let raw = super::stored::Conn::open(url).await;
     let mut m = Model {
         s,
         raw,
@@ -356,9 +326,7 @@ pub async fn run_batched(
                 let key = (tenant.clone(), id.clone());
                 if m.enqueued.contains(&key) && !m.acked.contains_key(&key) {
                     for q in [Q, LANE] {
-                        m.raw
-                            .del(keys::envelope(&m.s.queue_prefix(q), &tenant, &id))
-                            .await;
+                        m.raw.lose_body(&m.s.queue_prefix(q), &tenant, &id).await;
                     }
                     m.deleted.insert(key);
                 }

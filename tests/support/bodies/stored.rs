@@ -1,0 +1,227 @@
+//! Behind the store's back: where a queued or leased envelope's body is
+//! kept, for tests that play an eviction or a hand edit. A queued envelope
+//! is stored whole as its lane item (or hold buffer item), one leased while
+//! stored whole waits in `P:leased`, and any other (a retry, a replay, an
+//! import, an older library's) has a record (see `keys::LaneItem`).
+
+use lanekeeper::store::keys::{self, LaneItem};
+use redis::aio::ConnectionLike;
+
+async fn query<C: ConnectionLike + Send, T: redis::FromRedisValue>(
+    conn: &mut C,
+    cmd: &redis::Cmd,
+) -> T {
+    cmd.query_async(conn).await.unwrap()
+}
+
+/// The lists an envelope of `tenant` may wait in: its lane, its hold
+/// buffer and its endpoint lanes.
+async fn lists<C: ConnectionLike + Send>(conn: &mut C, prefix: &str, tenant: &str) -> Vec<String> {
+    let mut out = vec![keys::lane(prefix, tenant), format!("{prefix}:h:{tenant}")];
+    let eps: Vec<String> = query(
+        conn,
+        redis::cmd("SMEMBERS").arg(keys::queued_endpoints(prefix, tenant)),
+    )
+    .await;
+    out.extend(eps.iter().map(|ep| keys::endpoint_lane(prefix, tenant, ep)));
+    out
+}
+
+/// The fields of `P:leased` (leases, see `P:leases`) that hold envelope
+/// `id` of `tenant`.
+async fn leased_fields<C: ConnectionLike + Send>(
+    conn: &mut C,
+    prefix: &str,
+    tenant: &str,
+    id: &str,
+) -> Vec<Vec<u8>> {
+    let all: Vec<Vec<u8>> = query(conn, redis::cmd("HKEYS").arg(keys::leased(prefix))).await;
+    all.into_iter()
+        .filter(|lease| {
+            let parts: Vec<&[u8]> = lease.split(|&b| b == b'\n').collect();
+            parts.len() >= 5 && parts[2] == id.as_bytes() && parts[3] == tenant.as_bytes()
+        })
+        .collect()
+}
+
+/// A whole item's parts: id, endpoint, seq, enqueued ms, payload.
+fn parts(item: &[u8]) -> Option<Vec<Vec<u8>>> {
+    matches!(keys::lane_item(item), LaneItem::Whole { .. }).then(|| {
+        item[1..]
+            .splitn(5, |&b| b == b'\n')
+            .map(<[u8]>::to_vec)
+            .collect()
+    })
+}
+
+fn whole(p: &[Vec<u8>]) -> Vec<u8> {
+    let mut item = vec![1u8];
+    item.extend(p.join(&b'\n'));
+    item
+}
+
+/// Rewrite envelope `id` of `tenant` wherever it is kept: `whole` maps a
+/// whole item to its replacement, `record` is run on its record key when
+/// it has one.
+async fn rewrite<C: ConnectionLike + Send>(
+    conn: &mut C,
+    prefix: &str,
+    tenant: &str,
+    id: &str,
+    with: impl Fn(Vec<Vec<u8>>) -> Vec<u8>,
+    record: redis::Cmd,
+) {
+    for list in lists(conn, prefix, tenant).await {
+        let items: Vec<Vec<u8>> = query(conn, redis::cmd("LRANGE").arg(&list).arg(0).arg(-1)).await;
+        for (i, item) in items.iter().enumerate() {
+            if let (LaneItem::Whole { id: got, .. }, Some(p)) = (keys::lane_item(item), parts(item))
+            {
+                if got == id.as_bytes() {
+                    let _: () =
+                        query(conn, redis::cmd("LSET").arg(&list).arg(i).arg(with(p))).await;
+                }
+            }
+        }
+    }
+    for field in leased_fields(conn, prefix, tenant, id).await {
+        let leased: Option<Vec<u8>> = query(
+            conn,
+            redis::cmd("HGET").arg(keys::leased(prefix)).arg(&field),
+        )
+        .await;
+        if let Some(p) = leased.as_deref().and_then(parts) {
+            let _: () = query(
+                conn,
+                redis::cmd("HSET")
+                    .arg(keys::leased(prefix))
+                    .arg(&field)
+                    .arg(with(p)),
+            )
+            .await;
+        }
+    }
+    let exists: bool = query(
+        conn,
+        redis::cmd("EXISTS").arg(keys::envelope(prefix, tenant, id)),
+    )
+    .await;
+    if exists {
+        let _: redis::Value = query(conn, &record).await;
+    }
+}
+
+/// Envelope `id` of `tenant` loses its body wherever it is kept, as an
+/// eviction of its record would: its record and its `P:leased` field are
+/// deleted, and a lane item that holds it whole becomes its bare id (an id
+/// whose record is gone).
+pub async fn lose_body<C: ConnectionLike + Send>(
+    conn: &mut C,
+    prefix: &str,
+    tenant: &str,
+    id: &str,
+) {
+    for list in lists(conn, prefix, tenant).await {
+        let items: Vec<Vec<u8>> = query(conn, redis::cmd("LRANGE").arg(&list).arg(0).arg(-1)).await;
+        for (i, item) in items.iter().enumerate() {
+            if matches!(keys::lane_item(item), LaneItem::Whole { id: got, .. } if got == id.as_bytes())
+            {
+                let _: () = query(conn, redis::cmd("LSET").arg(&list).arg(i).arg(id)).await;
+            }
+        }
+    }
+    for field in leased_fields(conn, prefix, tenant, id).await {
+        let _: () = query(
+            conn,
+            redis::cmd("HDEL").arg(keys::leased(prefix)).arg(field),
+        )
+        .await;
+    }
+    let _: () = query(
+        conn,
+        redis::cmd("DEL").arg(keys::envelope(prefix, tenant, id)),
+    )
+    .await;
+}
+
+/// Overwrite the stored payload of envelope `id` of `tenant` wherever it is
+/// kept (a bug's or a hand edit's payload).
+pub async fn set_payload<C: ConnectionLike + Send>(
+    conn: &mut C,
+    prefix: &str,
+    tenant: &str,
+    id: &str,
+    payload: &str,
+) {
+    let record = redis::cmd("HSET")
+        .arg(keys::envelope(prefix, tenant, id))
+        .arg("p")
+        .arg(payload)
+        .clone();
+    let with = |mut p: Vec<Vec<u8>>| {
+        p[4] = payload.as_bytes().to_vec();
+        whole(&p)
+    };
+    rewrite(conn, prefix, tenant, id, with, record).await;
+}
+
+/// Whether anything of envelope `id` of `tenant` is still kept as a body
+/// in flight or retried: its record or its `P:leased` field.
+pub async fn body_kept<C: ConnectionLike + Send>(
+    conn: &mut C,
+    prefix: &str,
+    tenant: &str,
+    id: &str,
+) -> bool {
+    let record: bool = query(
+        conn,
+        redis::cmd("EXISTS").arg(keys::envelope(prefix, tenant, id)),
+    )
+    .await;
+    record || !leased_fields(conn, prefix, tenant, id).await.is_empty()
+}
+
+/// A connection to `url`: one node's, or the cluster's (every key of a
+/// queue shares one slot).
+pub enum Conn {
+    Single(redis::aio::MultiplexedConnection),
+    Cluster(redis::cluster_async::ClusterConnection),
+}
+
+impl Conn {
+    pub async fn open(url: &str) -> Conn {
+        match lanekeeper::store::cluster_nodes(url) {
+            Some(nodes) => {
+                let client = redis::cluster::ClusterClient::new(nodes.unwrap()).unwrap();
+                Conn::Cluster(client.get_async_connection().await.unwrap())
+            }
+            None => Conn::Single(
+                redis::Client::open(url)
+                    .unwrap()
+                    .get_multiplexed_async_connection()
+                    .await
+                    .unwrap(),
+            ),
+        }
+    }
+
+    pub async fn lose_body(&mut self, prefix: &str, tenant: &str, id: &str) {
+        match self {
+            Conn::Single(c) => lose_body(c, prefix, tenant, id).await,
+            Conn::Cluster(c) => lose_body(c, prefix, tenant, id).await,
+        }
+    }
+
+    pub async fn set_payload(&mut self, prefix: &str, tenant: &str, id: &str, payload: &str) {
+        match self {
+            Conn::Single(c) => set_payload(c, prefix, tenant, id, payload).await,
+            Conn::Cluster(c) => set_payload(c, prefix, tenant, id, payload).await,
+        }
+    }
+
+    pub async fn body_kept(&mut self, prefix: &str, tenant: &str, id: &str) -> bool {
+        match self {
+            Conn::Single(c) => body_kept(c, prefix, tenant, id).await,
+            Conn::Cluster(c) => body_kept(c, prefix, tenant, id).await,
+        }
+    }
+}
