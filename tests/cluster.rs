@@ -138,6 +138,17 @@ async fn integrity_dead_letters_per_tenant_bounded_and_replayed() {
     support::integrity::replaying_ten_thousand_dead_letters_loses_none(&shared().url).await;
 }
 
+/// Envelopes stored whole (issue 23) on the cluster: the lifecycle, a lane
+/// of an older library's records, and hostile items and keys.
+#[tokio::test]
+async fn envelopes_stored_whole_across_slots() {
+    let url = &shared().url;
+    support::whole::an_envelope_is_stored_whole_until_its_lease_ends_otherwise(url).await;
+    support::whole::a_lane_of_records_is_served_in_order_beside_whole_items(url).await;
+    support::whole::hostile_whole_items_fail_no_lease_and_lose_nothing_quietly(url).await;
+    support::whole::a_foreign_leased_key_fails_no_lease_or_ack(url).await;
+}
+
 #[tokio::test]
 async fn a_moved_tenant_keeps_its_tier_across_slots() {
     support::dataplane::a_moved_tenant_keeps_its_tier_on_its_new_queue(&shared().url).await;

@@ -81,3 +81,25 @@ async fn lane_moves_and_reshards_take_turns() {
 async fn claims_span_two_periods() {
     body::claims_span_two_periods(url()).await;
 }
+
+// ---- envelopes stored whole in their lane (support::whole) ----
+
+#[tokio::test]
+async fn an_envelope_is_stored_whole_until_its_lease_ends_otherwise() {
+    support::whole::an_envelope_is_stored_whole_until_its_lease_ends_otherwise(url()).await;
+}
+
+#[tokio::test]
+async fn a_lane_of_records_is_served_in_order_beside_whole_items() {
+    support::whole::a_lane_of_records_is_served_in_order_beside_whole_items(url()).await;
+}
+
+#[tokio::test]
+async fn hostile_whole_items_fail_no_lease_and_lose_nothing_quietly() {
+    support::whole::hostile_whole_items_fail_no_lease_and_lose_nothing_quietly(url()).await;
+}
+
+#[tokio::test]
+async fn a_foreign_leased_key_fails_no_lease_or_ack() {
+    support::whole::a_foreign_leased_key_fails_no_lease_or_ack(url()).await;
+}

@@ -285,6 +285,38 @@ mod tests {
     use super::*;
 
     #[test]
+    fn a_lane_item_is_an_envelope_whole_or_a_bare_id() {
+        let item = b"\x01ord-7\nmain\n42\n1700000000000\n{\"a\":\"x\ny\x01\"}";
+        assert_eq!(
+            lane_item(item),
+            LaneItem::Whole {
+                id: b"ord-7",
+                endpoint: b"main",
+                seq: 42,
+                enqueued_ms: 1_700_000_000_000,
+                // the payload is the rest, whatever bytes it holds
+                payload: b"{\"a\":\"x\ny\x01\"}",
+            }
+        );
+        assert_eq!(lane_item(b"ord-7"), LaneItem::Bare(b"ord-7"));
+        // written behind the scripts' back: read as the scripts read them
+        for garbage in [&b"\x01"[..], b"\x01id", b"\x01id\nep\n1\n2"] {
+            assert_eq!(lane_item(garbage), LaneItem::Bare(garbage));
+        }
+        let odd = lane_item(b"\x01id\nep\nx\n-1\n");
+        assert_eq!(
+            odd,
+            LaneItem::Whole {
+                id: b"id",
+                endpoint: b"ep",
+                seq: 0,
+                enqueued_ms: 0,
+                payload: b"",
+            }
+        );
+    }
+
+    #[test]
     fn a_queue_and_its_set_have_their_own_hash_tags() {
         let set = SetId::new("ns", "web");
         let p = queue_prefix(&set, QueueId::Shard(3));

@@ -722,6 +722,38 @@ mod tests {
     }
 
     #[test]
+    fn a_lease_of_an_envelope_stored_whole_is_read_from_its_item() {
+        let leased = |payload: Value, seq: Value| {
+            let items = vec![
+                bulk("LEASED"),
+                bulk("ord-7"),
+                bulk("acme"),
+                payload,
+                Value::Nil,
+                seq,
+                bulk("tok"),
+                Value::Int(99),
+                Value::Nil,
+                bulk(""),
+            ];
+            match parse_lease(QueueId::Shard(0), &items).unwrap() {
+                LeaseOutcome::Leased(l) => (l.payload, l.seq, l.enqueued_ms, l.attempts),
+                o => panic!("{o:?}"),
+            }
+        };
+        let item = Value::BulkString(b"\x01ord-7\nmain\n42\n1700\n{\"x\":1}".to_vec());
+        assert_eq!(
+            leased(item.clone(), Value::Nil),
+            ("{\"x\":1}".into(), 42, 1700, 0)
+        );
+        // a record's payload comes with its seq
+        assert_eq!(leased(bulk("{}"), Value::Int(5)), ("{}".into(), 5, 0, 0));
+        // an item that does not parse is a payload that does not decode
+        let garbage = Value::BulkString(b"\x01ord-7".to_vec());
+        assert_eq!(leased(garbage, Value::Nil), ("\u{1}ord-7".into(), 0, 0, 0));
+    }
+
+    #[test]
     fn an_enqueue_reply_of_the_wrong_length_fails_the_call_and_a_bad_pair_its_envelope() {
         let v = Value::Array(vec![bulk("OK"), Value::Int(7), bulk("NOPE"), Value::Int(0)]);
         let out = enqueue_reply(v, 2).unwrap();

@@ -59,6 +59,6 @@ pub mod bodies;
 pub mod env;
 pub mod infra;
 
-pub use bodies::{batch, buckets, dataplane, health, integrity, isolation, model};
+pub use bodies::{batch, buckets, dataplane, health, integrity, isolation, model, stored, whole};
 pub use env::{lanes, reshard, scenario};
 pub use infra::{controlplane, process, receiver, redis, tools, workers};

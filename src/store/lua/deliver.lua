@@ -1,8 +1,8 @@
--- Helpers (common.lua): istr, num, ms_text, lease_member, end_lease, end_leases, tkey, lane, eplane, ezkey,
---   has_ready, ekey, adopt, item_id, item_record, leased_endpoint, forget_bodies, quantum,
---   cap_of, ep_cap, block_of, ep_after, limit_of, bucket_level,
---   token_due, endpoint_gate, spend_endpoint, push_active, breaker_gate, breaker_record, unblock_due,
---   paced_until, pace_clear, estimate_after, settle, dead_letter, delayed_member, promote_due, reap
+-- Helpers (common.lua): istr, num, ms_text, lease_member, parse_lease, end_lease, end_leases, tkey, lane,
+--   eplane, ezkey, has_ready, ekey, adopt, item_id, item_record, leased_endpoint, forget_bodies, quantum,
+--   cap_of, ep_cap, block_of, ep_after, limit_of, bucket_level, token_due, endpoint_gate, spend_endpoint,
+--   push_active, breaker_gate, breaker_record, unblock_due, paced_until, pace_clear, estimate_after, settle,
+--   dead_letter, delayed_member, promote_due, reap
 -- Lease and ack, shared by the lease, ack and ack_lease scripts.
 
 -- After a lease (charging `charged`) or a skip (charging 0), put the
@@ -83,16 +83,28 @@ local function park(t, tk, due, now, extra)
   maintain_by(due)
 end
 
+-- Keep the bodies of envelopes leased whole (lease, item pairs, at most
+-- 64) in P:leased, in one call. Cannot fail: should P:leased be of the
+-- wrong type (written behind the scripts' back), each gets its record
+-- instead, as a nack would write it, and the lease goes on as one of a record.
+local function keep_bodies(bodies)
+  if type(redis.pcall('HSET', LEASED, unpack(bodies))) == 'number' then return end
+  for i = 1, #bodies, 2 do
+    local _, _, id, t = parse_lease(bodies[i])
+    item_record(t, id, bodies[i + 1])
+  end
+end
+
 -- Add the leases a batch gathered (score, member pairs, at most 64) to
--- P:leases in one call, and the bodies of those leased whole (ref, item
--- pairs) to P:leased in one more, and empty both lists.
+-- P:leases in one call, and the bodies of those leased whole (lease, item
+-- pairs) to P:leased in one more (keep_bodies), and empty both lists.
 local function leases_flush(pending, bodies)
   if #pending > 0 then
     redis.call('ZADD', LEASES, unpack(pending))
     for i = #pending, 1, -1 do pending[i] = nil end
   end
   if bodies and #bodies > 0 then
-    redis.call('HSET', LEASED, unpack(bodies))
+    keep_bodies(bodies)
     for i = #bodies, 1, -1 do bodies[i] = nil end
   end
 end
@@ -364,7 +376,7 @@ local function lease_next(lease_ms, token, budget, now, batch)
             end
           else
             redis.call('ZADD', LEASES, ms_text(deadline), member)
-            if whole then redis.call('HSET', LEASED, member, whole) end
+            if whole then keep_bodies({ member, whole }) end
           end
           m = j
           local o = base + 10 * (j - 1)

@@ -13,3 +13,4 @@ pub mod integrity;
 pub mod isolation;
 pub mod model;
 pub mod stored;
+pub mod whole;

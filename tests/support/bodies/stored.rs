@@ -143,6 +143,47 @@ pub async fn lose_body<C: ConnectionLike + Send>(
     .await;
 }
 
+/// Store queued envelope `id` of `tenant` as a library before whole items
+/// did: its lane item becomes its bare id, and its parts a record.
+pub async fn to_record<C: ConnectionLike + Send>(
+    conn: &mut C,
+    prefix: &str,
+    tenant: &str,
+    id: &str,
+) {
+    for list in lists(conn, prefix, tenant).await {
+        let items: Vec<Vec<u8>> = query(conn, redis::cmd("LRANGE").arg(&list).arg(0).arg(-1)).await;
+        for (i, item) in items.iter().enumerate() {
+            if let LaneItem::Whole {
+                id: got,
+                endpoint,
+                seq,
+                enqueued_ms,
+                payload,
+            } = keys::lane_item(item)
+            {
+                if got == id.as_bytes() {
+                    let record = redis::cmd("HSET")
+                        .arg(keys::envelope(prefix, tenant, id))
+                        .arg("t")
+                        .arg(tenant)
+                        .arg("s")
+                        .arg(seq)
+                        .arg("p")
+                        .arg(payload)
+                        .arg("n")
+                        .arg(enqueued_ms)
+                        .arg("ep")
+                        .arg(endpoint)
+                        .clone();
+                    let _: () = query(conn, &record).await;
+                    let _: () = query(conn, redis::cmd("LSET").arg(&list).arg(i).arg(id)).await;
+                }
+            }
+        }
+    }
+}
+
 /// Overwrite the stored payload of envelope `id` of `tenant` wherever it is
 /// kept (a bug's or a hand edit's payload).
 pub async fn set_payload<C: ConnectionLike + Send>(
@@ -208,6 +249,13 @@ impl Conn {
         match self {
             Conn::Single(c) => lose_body(c, prefix, tenant, id).await,
             Conn::Cluster(c) => lose_body(c, prefix, tenant, id).await,
+        }
+    }
+
+    pub async fn store_as_record(&mut self, prefix: &str, tenant: &str, id: &str) {
+        match self {
+            Conn::Single(c) => to_record(c, prefix, tenant, id).await,
+            Conn::Cluster(c) => to_record(c, prefix, tenant, id).await,
         }
     }
 

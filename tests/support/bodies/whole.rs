@@ -1,0 +1,323 @@
+//! Envelopes stored whole in their lane (issue 23): enqueue writes no
+//! record, a lease keeps the envelope in `P:leased` until its ack, and only
+//! a lease that ends otherwise writes a record. Shared by the single-server
+//! tests (`tests/integrity.rs`) and the Redis Cluster tests
+//! (`tests/cluster.rs`): each takes the Redis URL.
+
+use std::time::Duration;
+
+use lanekeeper::policy::QueuePolicy;
+use lanekeeper::store::{keys, Failure, LeaseOutcome, NackOutcome, Store};
+
+use super::dataplane::{lease, raw, store, LEASE, Q};
+use super::integrity::named;
+use super::stored::Conn;
+
+async fn record_exists(url: &str, s: &Store, tenant: &str, id: &str) -> bool {
+    let cmd = redis::cmd("EXISTS")
+        .arg(keys::envelope(&s.queue_prefix(Q), tenant, id))
+        .clone();
+    raw(url, cmd).await == redis::Value::Int(1)
+}
+
+async fn leased_bodies(url: &str, s: &Store) -> i64 {
+    let cmd = redis::cmd("HLEN")
+        .arg(keys::leased(&s.queue_prefix(Q)))
+        .clone();
+    redis::from_redis_value(raw(url, cmd).await).unwrap()
+}
+
+async fn lane(url: &str, s: &Store, tenant: &str) -> Vec<Vec<u8>> {
+    let cmd = redis::cmd("LRANGE")
+        .arg(keys::lane(&s.queue_prefix(Q), tenant))
+        .arg(0)
+        .arg(-1)
+        .clone();
+    redis::from_redis_value(raw(url, cmd).await).unwrap()
+}
+
+fn leased(o: LeaseOutcome) -> lanekeeper::store::Lease {
+    match o {
+        LeaseOutcome::Leased(l) => l,
+        o => panic!("{o:?}"),
+    }
+}
+
+/// The lifecycle: queued whole (no record), leased into `P:leased`, acked
+/// to nothing; a nack, a release and an expired lease each write the
+/// record the retry is served from, with its payload, seq and attempts.
+pub async fn an_envelope_is_stored_whole_until_its_lease_ends_otherwise(url: &str) {
+    let s = store(url, QueuePolicy::default()).await;
+    for i in 0..4 {
+        s.enqueue(Q, &named("t", &format!("w{i}"))).await.unwrap();
+    }
+    let items = lane(url, &s, "t").await;
+    assert_eq!(items.len(), 4);
+    for (i, item) in items.iter().enumerate() {
+        let id = format!("w{i}");
+        assert!(
+            matches!(keys::lane_item(item), keys::LaneItem::Whole { id: got, .. } if got == id.as_bytes()),
+            "{item:?}"
+        );
+        assert!(!record_exists(url, &s, "t", &id).await, "{id} has a record");
+    }
+    // an ack leaves nothing
+    let l = lease(&s, Q).await.unwrap();
+    assert_eq!((l.id.as_str(), l.attempts), ("w0", 0));
+    assert_eq!(leased_bodies(url, &s).await, 1);
+    assert!(!record_exists(url, &s, "t", "w0").await);
+    let seq0 = l.seq;
+    assert!(s.ack(&l, Duration::from_millis(1)).await.unwrap());
+    assert_eq!(leased_bodies(url, &s).await, 0);
+    assert!(!record_exists(url, &s, "t", "w0").await);
+    // a nack writes the record its retry is served from
+    let l = lease(&s, Q).await.unwrap();
+    let (payload, seq) = (l.payload.clone(), l.seq);
+    assert!(seq > seq0);
+    let out = s
+        .nack(&l, Duration::ZERO, &Failure::retry("503", Duration::ZERO))
+        .await
+        .unwrap();
+    assert!(matches!(out, NackOutcome::Retry { .. }), "{out:?}");
+    assert_eq!(leased_bodies(url, &s).await, 0);
+    assert!(record_exists(url, &s, "t", "w1").await);
+    s.maintain(Q, 32).await.unwrap();
+    let l = lease(&s, Q).await.unwrap();
+    assert_eq!(
+        (l.id.as_str(), l.attempts, l.seq, &l.payload),
+        ("w1", 1, seq, &payload)
+    );
+    assert!(s.ack(&l, Duration::from_millis(1)).await.unwrap());
+    assert!(!record_exists(url, &s, "t", "w1").await);
+    // a release puts it back at the head, from its record
+    let l = lease(&s, Q).await.unwrap();
+    let (payload, seq) = (l.payload.clone(), l.seq);
+    assert!(s.release(&l).await.unwrap());
+    assert_eq!(leased_bodies(url, &s).await, 0);
+    let l = lease(&s, Q).await.unwrap();
+    assert_eq!(
+        (l.id.as_str(), l.attempts, l.seq, &l.payload),
+        ("w2", 0, seq, &payload)
+    );
+    assert!(s.ack(&l, Duration::from_millis(1)).await.unwrap());
+    // an expired lease is reaped to its record, an attempt counted
+    let l = leased(s.lease(Q, "w", Duration::from_millis(1)).await.unwrap());
+    let payload = l.payload.clone();
+    tokio::time::sleep(Duration::from_millis(5)).await;
+    s.maintain(Q, 32).await.unwrap();
+    assert_eq!(leased_bodies(url, &s).await, 0);
+    let again = lease(&s, Q).await.unwrap();
+    assert_eq!(
+        (again.id.as_str(), again.attempts, &again.payload),
+        ("w3", 1, &payload)
+    );
+    // the first lease's ack is stale and changes nothing
+    assert!(!s.ack(&l, Duration::from_millis(1)).await.unwrap());
+    assert!(s.ack(&again, Duration::from_millis(1)).await.unwrap());
+    assert!(!record_exists(url, &s, "t", "w3").await);
+    let st = s.tenant_state(Q, "t").await.unwrap();
+    assert_eq!((st.depth, st.in_flight), (0, 0), "{st:?}");
+}
+
+/// A rolling upgrade: a lane of bare ids with records (what a library
+/// before whole items stored) is served in order before the whole items
+/// enqueued after it, one lease at a time and in batches, and acks of both
+/// kinds in one batch leave no record and no leased body.
+pub async fn a_lane_of_records_is_served_in_order_beside_whole_items(url: &str) {
+    for k in [1usize, 16] {
+        let s = store(url, QueuePolicy::default()).await;
+        let p = s.queue_prefix(Q);
+        for i in 0..6 {
+            s.enqueue(Q, &named("t", &format!("u{i}"))).await.unwrap();
+        }
+        // the first four as the older library stored them
+        let mut conn = Conn::open(url).await;
+        for i in 0..4 {
+            conn.store_as_record(&p, "t", &format!("u{i}")).await;
+        }
+        let items = lane(url, &s, "t").await;
+        assert!(matches!(
+            keys::lane_item(&items[0]),
+            keys::LaneItem::Bare(b"u0")
+        ));
+        assert!(matches!(
+            keys::lane_item(&items[5]),
+            keys::LaneItem::Whole { .. }
+        ));
+        let mut got = Vec::new();
+        let mut held: Vec<lanekeeper::store::Lease> = Vec::new();
+        loop {
+            let done: Vec<_> = held.iter().map(|l| (l, Duration::from_millis(1))).collect();
+            let b = s.lease_batch(Q, &done, k, "w", LEASE).await.unwrap();
+            assert!(b.acked.iter().all(|a| a.acked));
+            if b.leased.is_empty() && held.is_empty() {
+                break;
+            }
+            for l in &b.leased {
+                let env = l.envelope().unwrap();
+                assert_eq!(env.payload["id"], serde_json::json!(l.id), "k={k}");
+                got.push((l.id.clone(), l.seq));
+            }
+            held = b.leased;
+        }
+        let ids: Vec<_> = got.iter().map(|(id, _)| id.clone()).collect();
+        let want: Vec<_> = (0..6).map(|i| format!("u{i}")).collect();
+        assert_eq!(ids, want, "k={k}");
+        assert!(got.windows(2).all(|w| w[0].1 < w[1].1), "k={k}: {got:?}");
+        for id in &want {
+            assert!(!conn.body_kept(&p, "t", id).await, "k={k}: {id} kept");
+        }
+        let st = s.tenant_state(Q, "t").await.unwrap();
+        assert_eq!((st.depth, st.in_flight), (0, 0), "k={k}: {st:?}");
+    }
+}
+
+/// Lease `q` dry in calls of `k`, acking what decodes and dead-lettering
+/// what does not (as the worker does). Returns the ids delivered, with
+/// their seqs, and how many were dead-lettered.
+async fn drain_k(s: &Store, k: usize) -> (Vec<(String, u64)>, usize) {
+    let (mut delivered, mut dead) = (Vec::new(), 0);
+    loop {
+        let b = s.lease_batch(Q, &[], k, "w", LEASE).await.unwrap();
+        if b.leased.is_empty() {
+            return (delivered, dead);
+        }
+        for l in b.leased {
+            match l.envelope() {
+                Ok(_) => {
+                    delivered.push((l.id.clone(), l.seq));
+                    assert!(s.ack(&l, Duration::from_millis(1)).await.unwrap());
+                }
+                Err(e) => {
+                    let cause = format!("corrupt envelope: {e}");
+                    let out = s.nack(&l, Duration::ZERO, &Failure::dead(&cause)).await;
+                    assert!(matches!(out.unwrap(), NackOutcome::Dead { .. }));
+                    dead += 1;
+                }
+            }
+        }
+    }
+}
+
+/// Hostile state a lease must not fail on, after its first write or
+/// before: lane items that start as whole ones but do not parse, an item
+/// whose seq is not a number, and a payload of any bytes. Each envelope is
+/// delivered or dead-lettered with a cause and its bytes; none is lost
+/// quietly, and the tenant is not wedged.
+pub async fn hostile_whole_items_fail_no_lease_and_lose_nothing_quietly(url: &str) {
+    for k in [1usize, 16] {
+        let s = store(url, QueuePolicy::default()).await;
+        let p = s.queue_prefix(Q);
+        s.enqueue(Q, &named("t", "ok-0")).await.unwrap();
+        // a payload of any bytes, separators and markers included
+        let mut conn = Conn::open(url).await;
+        conn.set_payload(&p, "t", "ok-0", "raw\n\u{1}bytes\n").await;
+        // written behind the scripts' back: a marker alone, a marker and an
+        // id, two fields, and a whole item whose seq is not a number
+        let mut bad_seq = b"\x01bad-seq\nmain\nx\ny\n".to_vec();
+        bad_seq.extend(serde_json::to_vec(&named("t", "bad-seq")).unwrap());
+        for item in [
+            &b"\x01"[..],
+            b"\x01no-newline",
+            b"\x01two\nfields",
+            &bad_seq,
+        ] {
+            let push = redis::cmd("RPUSH")
+                .arg(keys::lane(&p, "t"))
+                .arg(item)
+                .clone();
+            raw(url, push).await;
+        }
+        s.enqueue(Q, &named("t", "ok-1")).await.unwrap();
+        let (delivered, dead) = drain_k(&s, k).await;
+        // the seq that is not a number reads as 0
+        let ids: Vec<_> = delivered.iter().map(|d| d.0.as_str()).collect();
+        assert_eq!(ids, ["bad-seq", "ok-1"], "k={k}");
+        assert_eq!(delivered[0].1, 0, "k={k}");
+        // ok-0's payload and the two-field item do not decode; the marker
+        // alone and the marker and id are bare ids without records
+        assert_eq!(dead, 2, "k={k}");
+        let letters = s.dead_letters(Q, "t", None, 10).await.unwrap().letters;
+        assert_eq!(letters.len(), 4, "k={k}: {letters:?}");
+        let ok0 = letters
+            .iter()
+            .find(|d| d.id == "ok-0")
+            .expect("ok-0's letter");
+        assert_eq!(
+            ok0.envelope, "raw\n\u{1}bytes\n",
+            "k={k}: its bytes are kept"
+        );
+        let two = letters
+            .iter()
+            .find(|d| d.id == "two")
+            .expect("the two-field item's letter");
+        assert_eq!(
+            two.envelope, "\u{1}two\nfields",
+            "k={k}: its bytes are kept"
+        );
+        let missing = letters
+            .iter()
+            .filter(|d| d.cause.contains("record missing"))
+            .count();
+        assert_eq!(missing, 2, "k={k}: {letters:?}");
+        let st = s.tenant_state(Q, "t").await.unwrap();
+        assert_eq!(st.in_flight, 0, "k={k}: {st:?}");
+        assert_eq!(leased_bodies(url, &s).await, 0, "k={k}");
+    }
+}
+
+/// A `P:leased` of the wrong type (written behind the scripts' back) fails
+/// no call: leases write records instead, and acks, nacks and releases end
+/// them as they would any record's.
+pub async fn a_foreign_leased_key_fails_no_lease_or_ack(url: &str) {
+    for k in [1usize, 16] {
+        let s = store(url, QueuePolicy::default()).await;
+        let p = s.queue_prefix(Q);
+        for i in 0..3 {
+            s.enqueue(Q, &named("t", &format!("f{i}"))).await.unwrap();
+        }
+        raw(
+            url,
+            redis::cmd("SET").arg(keys::leased(&p)).arg("x").clone(),
+        )
+        .await;
+        let mut got = Vec::new();
+        while got.len() < 3 {
+            let b = s
+                .lease_batch(Q, &[], k.min(3 - got.len()), "w", LEASE)
+                .await;
+            got.extend(b.unwrap().leased);
+        }
+        for l in &got {
+            assert!(record_exists(url, &s, "t", &l.id).await, "k={k}: {}", l.id);
+            assert_eq!(l.envelope().unwrap().payload["id"], serde_json::json!(l.id));
+        }
+        assert!(s.ack(&got[0], Duration::from_millis(1)).await.unwrap());
+        let out = s
+            .nack(
+                &got[1],
+                Duration::ZERO,
+                &Failure::retry("503", Duration::ZERO),
+            )
+            .await
+            .unwrap();
+        assert!(matches!(out, NackOutcome::Retry { .. }), "k={k}: {out:?}");
+        assert!(s.release(&got[2]).await.unwrap());
+        s.maintain(Q, 32).await.unwrap();
+        let (delivered, dead) = drain_k(&s, k).await;
+        let mut ids: Vec<_> = delivered.into_iter().map(|d| d.0).collect();
+        ids.sort();
+        assert_eq!(
+            (ids, dead),
+            (vec!["f1".to_string(), "f2".to_string()], 0),
+            "k={k}"
+        );
+        for i in 0..3 {
+            assert!(
+                !record_exists(url, &s, "t", &format!("f{i}")).await,
+                "k={k}"
+            );
+        }
+        raw(url, redis::cmd("DEL").arg(keys::leased(&p)).clone()).await;
+    }
+}
