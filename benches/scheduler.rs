@@ -21,10 +21,10 @@
 //! at 1,000 and 40,000 active tenants. Each phase's Redis CPU per delivery
 //! comes from `INFO cpu` around it.
 //! Each round also runs the scripted floor (see `common::floor`): the
-//! commands the store's layout needs of a delivery and no more, at k = 1
-//! and k = 16, and the same with envelopes stored whole in the lane; the
-//! enqueue rounds run its enqueue twin. A fair delivery cannot cost less
-//! than the floor on this layout: its ratios say which bars can hold.
+//! commands the store's layout (each envelope stored whole in its lane)
+//! needs of a delivery and no more, at k = 1 and k = 16; the enqueue rounds
+//! run its enqueue twin. A fair delivery cannot cost less than the floor on
+//! this layout: its ratios say which bars can hold.
 //! The last line is `RESULT fair_vs_raw=<x> batch_vs_raw=<k=16 rate over the raw rate>
 //! redis_cpu_vs_raw=<k=16 Redis CPU per delivery over the raw pair's>
 //! flat_40k_vs_10=<y> enqueue_per_s=<z>
@@ -35,9 +35,7 @@
 //! floor_batch_vs_raw=<its k=16 rate over the raw rate>
 //! floor_cpu_vs_raw=<its k=16 Redis CPU per delivery over the raw pair's>
 //! floor_enqueue_vs_raw=<its enqueue rate over the raw LPUSH+HSET rate>
-//! batch_cpu_vs_floor=<k=16 fair Redis CPU per delivery over the floor's>
-//! inline_cpu_vs_raw=<the inline floor's k=16 Redis CPU over the raw pair's>
-//! inline_enqueue_vs_raw=<the inline floor's enqueue rate over the raw rate>`.
+//! batch_cpu_vs_floor=<k=16 fair Redis CPU per delivery over the floor's>`.
 
 mod common;
 #[path = "../tests/support/mod.rs"]
@@ -45,7 +43,7 @@ mod support;
 
 use std::sync::Arc;
 
-use common::floor::{floor_deliveries, floor_enqueue, Layout};
+use common::floor::{floor_deliveries, floor_enqueue};
 use common::{
     connect, enqueue_all, env, fair, fair_batched, fair_with, interleaved, measure, raw_backlog,
     raw_connections, raw_pair, unthrottled_limits, Rate, CLIENTS, CYCLES,
@@ -160,8 +158,7 @@ fn main() {
         let mut raws = Vec::new();
         let mut tens = Vec::new();
         let mut batched_tens = Vec::new();
-        let (mut floors, mut batched_floors, mut inline_floors) =
-            (Vec::new(), Vec::new(), Vec::new());
+        let (mut floors, mut batched_floors) = (Vec::new(), Vec::new());
         // the floor's backlog: the fair phases' envelopes
         let floor_envs = interleaved(10, 2 * CYCLES / 10);
         for round in 1..=ROUNDS {
@@ -183,34 +180,15 @@ fn main() {
                 b.per_s, b.redis_us
             );
             batched_tens.push(b);
-            let f = floor_deliveries(&url, &floor_envs, CLIENTS, 1, CYCLES, Layout::Record).await;
-            let b = floor_deliveries(
-                &url,
-                &floor_envs,
-                BATCH_CLIENTS,
-                BATCH,
-                CYCLES,
-                Layout::Record,
-            )
-            .await;
-            let i = floor_deliveries(
-                &url,
-                &floor_envs,
-                BATCH_CLIENTS,
-                BATCH,
-                CYCLES,
-                Layout::Inline,
-            )
-            .await;
+            let f = floor_deliveries(&url, &floor_envs, CLIENTS, 1, CYCLES).await;
+            let b = floor_deliveries(&url, &floor_envs, BATCH_CLIENTS, BATCH, CYCLES).await;
             println!(
-                "[{round}] scripted floor k=1, {CLIENTS} clients: {:>9.0} deliveries/s (Redis CPU {:.1} us/delivery), k={BATCH}, {BATCH_CLIENTS} clients: {:>9.0} deliveries/s (Redis CPU {:.1} us/delivery), envelopes inline k={BATCH}: {:>9.0} deliveries/s (Redis CPU {:.1} us/delivery)",
-                f.per_s, f.redis_us, b.per_s, b.redis_us, i.per_s, i.redis_us
+                "[{round}] scripted floor k=1, {CLIENTS} clients: {:>9.0} deliveries/s (Redis CPU {:.1} us/delivery), k={BATCH}, {BATCH_CLIENTS} clients: {:>9.0} deliveries/s (Redis CPU {:.1} us/delivery)",
+                f.per_s, f.redis_us, b.per_s, b.redis_us
             );
             floors.push(f);
             batched_floors.push(b);
-            inline_floors.push(i);
         }
-        let inline_floor_cpu = median_cpu(&inline_floors);
         let (floor_cpu, batched_floor_cpu) = (median_cpu(&floors), median_cpu(&batched_floors));
         let (floor, batched_floor) = (median(floors), median(batched_floors));
         let raw_cpu = median_cpu(&raws);
@@ -298,7 +276,6 @@ fn main() {
         let mut enqueues = Vec::new();
         let mut raw_enqueues = Vec::new();
         let mut floor_enqueues = Vec::new();
-        let mut inline_enqueues = Vec::new();
         for round in 1..=3u64 {
             let store = connect(&url, &format!("enqueue{round}")).await;
             let envs: Vec<Envelope> = (0..200_000u64)
@@ -310,14 +287,12 @@ fn main() {
                 r.per_s, r.redis_us
             );
             raw_enqueues.push(r);
-            let r = floor_enqueue(&url, &envs, Layout::Record).await;
-            let i = floor_enqueue(&url, &envs, Layout::Inline).await;
+            let r = floor_enqueue(&url, &envs).await;
             println!(
-                "[{round}] scripted floor enqueue (200 per call, 1000 per batch, 4 producers): {:.0} envelopes/s  (Redis CPU {:.1} us/envelope); envelopes inline: {:.0} envelopes/s  (Redis CPU {:.1} us/envelope)",
-                r.per_s, r.redis_us, i.per_s, i.redis_us
+                "[{round}] scripted floor enqueue (200 per call, 1000 per batch, 4 producers): {:.0} envelopes/s  (Redis CPU {:.1} us/envelope)",
+                r.per_s, r.redis_us
             );
             floor_enqueues.push(r);
-            inline_enqueues.push(i);
             let n = envs.len() as u64;
             let r = measure(&url, n, async {
                 enqueue_all(&store, envs).await;
@@ -334,7 +309,6 @@ fn main() {
         let raw_enqueue = median(raw_enqueues);
         let enqueue_vs_raw = enqueue.per_s / raw_enqueue.per_s;
         let floor_enqueue_vs_raw = median(floor_enqueues).per_s / raw_enqueue.per_s;
-        let inline_enqueue_vs_raw = median(inline_enqueues).per_s / raw_enqueue.per_s;
         let fair_vs_raw = fair_rates[0].per_s / raw.per_s;
         // Flatness: 40k-tenant throughput relative to 10 (1.0 = no slowdown).
         let flat = fair_rates[0].per_s / fair_rates[2].per_s;
@@ -347,10 +321,8 @@ fn main() {
         let floor_cpu_vs_raw = batched_floor_cpu / raw_cpu;
         // what the scheduler adds to the floor, in Redis CPU, at k = BATCH
         let batch_cpu_vs_floor = batched_cpu / batched_floor_cpu;
-        // the floor with envelopes inline in the lane (a layout not built)
-        let inline_cpu_vs_raw = inline_floor_cpu / raw_cpu;
         println!(
-            "RESULT fair_vs_raw={fair_vs_raw:.3} batch_vs_raw={batch_vs_raw:.3} redis_cpu_vs_raw={redis_cpu_vs_raw:.3} flat_40k_vs_10={flat:.3} enqueue_per_s={:.0} enqueue_vs_raw={enqueue_vs_raw:.3} rate_limited_vs_unlimited={rate_limited_vs_unlimited:.3} endpoint_isolated_vs_tenant={endpoint_isolated_vs_tenant:.3} floor_vs_raw={floor_vs_raw:.3} floor_batch_vs_raw={floor_batch_vs_raw:.3} floor_cpu_vs_raw={floor_cpu_vs_raw:.3} floor_enqueue_vs_raw={floor_enqueue_vs_raw:.3} batch_cpu_vs_floor={batch_cpu_vs_floor:.3} inline_cpu_vs_raw={inline_cpu_vs_raw:.3} inline_enqueue_vs_raw={inline_enqueue_vs_raw:.3}",
+            "RESULT fair_vs_raw={fair_vs_raw:.3} batch_vs_raw={batch_vs_raw:.3} redis_cpu_vs_raw={redis_cpu_vs_raw:.3} flat_40k_vs_10={flat:.3} enqueue_per_s={:.0} enqueue_vs_raw={enqueue_vs_raw:.3} rate_limited_vs_unlimited={rate_limited_vs_unlimited:.3} endpoint_isolated_vs_tenant={endpoint_isolated_vs_tenant:.3} floor_vs_raw={floor_vs_raw:.3} floor_batch_vs_raw={floor_batch_vs_raw:.3} floor_cpu_vs_raw={floor_cpu_vs_raw:.3} floor_enqueue_vs_raw={floor_enqueue_vs_raw:.3} batch_cpu_vs_floor={batch_cpu_vs_floor:.3}",
             enqueue.per_s
         );
     });

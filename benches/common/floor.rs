@@ -2,10 +2,10 @@
 //! when one Lua script call does only the commands the store's layout
 //! needs of it, with none of the rest (no deficit round robin, no tenant
 //! state, no caps, no attribution, no maintenance). Its keys are the
-//! store's shapes: one hash per envelope with the fields `enqueue.lua`
-//! writes, the ids in a list, the leases in a sorted set with a member
-//! that names the envelope and its token, the ids claimed per tenant in
-//! a set.
+//! store's shapes: each envelope stored whole in its lane, the leases in a
+//! sorted set with a member that names the envelope and its token, the
+//! bodies of leased envelopes in one hash named by lease, the ids claimed
+//! per tenant in a set.
 //!
 //! A fair delivery cannot cost less than this on this layout, so the
 //! floor measured in the same run says how far a bar stated against the
@@ -21,98 +21,15 @@ use lanekeeper::envelope::Envelope;
 use super::{measure, raw_connections, Rate};
 
 /// Acks `n` deliveries and leases up to `k` envelopes. KEYS: the prefix.
-/// ARGV: lease_ms, token, k, n, then n pairs (id, lease member). Per ack:
-/// whether its lease is held (ZMSCORE), its removal (ZREM) and its record's
-/// (DEL), in one command each for the call; per lease: the id (one LPOP
-/// for the call), its record (HMGET), its lease (one ZADD for the call).
-/// Returns n statuses, then (id, payload, member) per lease.
+/// ARGV: lease_ms, token, k, n, then n pairs (id, lease member). Each
+/// envelope is stored whole in the lane, `id\nseq\nenqueued_ms\nendpoint\npayload`
+/// (the payload last, so it may hold anything). Per ack: whether its lease
+/// is held (ZMSCORE), its removal (ZREM) and its body's (HDEL), in one
+/// command each for the call; per lease: the entry (one LPOP for the
+/// call), its lease (one ZADD for the call) and its body kept in the hash
+/// of leased bodies (P:lb, member -> entry: one HSET for the call).
+/// Returns n statuses, then (id, entry, member) per lease.
 const LEASE_ACK: &str = r#"
-local P = KEYS[1]
-local k, n = tonumber(ARGV[3]), tonumber(ARGV[4])
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local out = {}
-if n > 0 then
-  local members, dels = {}, {}
-  for i = 1, n do
-    dels[i] = P .. ':e:' .. ARGV[3 + 2 * i]
-    members[i] = ARGV[4 + 2 * i]
-  end
-  local held = redis.call('ZMSCORE', P .. ':leases', unpack(members))
-  redis.call('ZREM', P .. ':leases', unpack(members))
-  redis.call('DEL', unpack(dels))
-  for i = 1, n do out[i] = held[i] and 'OK' or 'STALE' end
-end
-if k > 0 then
-  local ids = redis.call('LPOP', P .. ':lane', k)
-  if ids then
-    local z, deadline = {}, string.format('%d', now + tonumber(ARGV[1]))
-    for j, id in ipairs(ids) do
-      local r = redis.call('HMGET', P .. ':e:' .. id, 'p', 'a', 's', 'n')
-      local m = id .. '\n' .. ARGV[2] .. '.' .. j
-      z[2 * j - 1] = deadline
-      z[2 * j] = m
-      out[#out + 1] = id
-      out[#out + 1] = r[1]
-      out[#out + 1] = m
-    end
-    redis.call('ZADD', P .. ':leases', unpack(z))
-  end
-end
-return out
-"#;
-
-/// Stores a call's envelopes (at most 200). KEYS: the prefix. ARGV: id,
-/// tenant, endpoint, payload per envelope, each tenant's side by side. One
-/// sequence block and one clock read per call; per tenant: which ids are
-/// claimed (SMISMEMBER), the claim (SADD) and the lane push (RPUSH); per
-/// envelope: its record (HSET). Returns 'OK' or 'DUP' per envelope.
-const ENQUEUE: &str = r#"
-local P = KEYS[1]
-local n = #ARGV / 4
-local seq0 = redis.call('INCRBY', P .. ':seq', n) - n
-local t = redis.call('TIME')
-local now = string.format('%d', tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000))
-local out = {}
-local i = 1
-while i <= n do
-  local tenant = ARGV[4 * i - 2]
-  local last = i
-  while last < n and ARGV[4 * last + 2] == tenant do last = last + 1 end
-  local ids = {}
-  for j = i, last do ids[#ids + 1] = ARGV[4 * j - 3] end
-  local claimed = redis.call('SMISMEMBER', P .. ':ids:' .. tenant, unpack(ids))
-  local fresh = {}
-  for j = i, last do
-    if claimed[j - i + 1] == 1 then
-      out[j] = 'DUP'
-    else
-      local id = ARGV[4 * j - 3]
-      redis.call('HSET', P .. ':e:' .. id, 't', tenant, 's', string.format('%d', seq0 + j),
-        'p', ARGV[4 * j], 'n', now, 'ep', ARGV[4 * j - 1])
-      fresh[#fresh + 1] = id
-      out[j] = 'OK'
-    end
-  end
-  if #fresh > 0 then
-    redis.call('SADD', P .. ':ids:' .. tenant, unpack(fresh))
-    redis.call('RPUSH', P .. ':lane', unpack(fresh))
-  end
-  i = last + 1
-end
-return out
-"#;
-
-/// The same floor with each envelope stored whole in its lane instead of
-/// in a hash of its own: an entry is `id\nseq\nenqueued_ms\nendpoint\npayload`
-/// (the payload last, so it may hold anything). A lease pops whole
-/// entries and keeps them, while leased, in one hash of leased bodies
-/// (P:lb, member -> entry: one HSET for the call); an ack removes its
-/// lease and its body (ZREM and HDEL, one each for the call). What the
-/// layout change every script would share saves, measured before making
-/// it. Same arguments and answer as [`LEASE_ACK`] (the entry in place of
-/// the payload).
-const LEASE_ACK_INLINE: &str = r#"
 local P = KEYS[1]
 local k, n = tonumber(ARGV[3]), tonumber(ARGV[4])
 local t = redis.call('TIME')
@@ -148,9 +65,13 @@ end
 return out
 "#;
 
-/// [`ENQUEUE`] with each envelope pushed whole (see [`LEASE_ACK_INLINE`]):
-/// no hash per envelope.
-const ENQUEUE_INLINE: &str = r#"
+/// Stores a call's envelopes (at most 200). KEYS: the prefix. ARGV: id,
+/// tenant, endpoint, payload per envelope, each tenant's side by side. One
+/// sequence block and one clock read per call; per tenant: which ids are
+/// claimed (SMISMEMBER), the claim (SADD) and the lane push (RPUSH), which
+/// stores its envelopes whole (see [`LEASE_ACK`]). Returns 'OK' or 'DUP'
+/// per envelope.
+const ENQUEUE: &str = r#"
 local P = KEYS[1]
 local n = #ARGV / 4
 local seq0 = redis.call('INCRBY', P .. ':seq', n) - n
@@ -186,24 +107,6 @@ end
 return out
 "#;
 
-/// Where the floor keeps an envelope.
-#[derive(Clone, Copy, Debug)]
-pub enum Layout {
-    /// A hash per envelope, its id in the lane: the store's layout.
-    Record,
-    /// The whole envelope in the lane (see [`LEASE_ACK_INLINE`]).
-    Inline,
-}
-
-impl Layout {
-    fn scripts(self) -> (&'static str, &'static str) {
-        match self {
-            Layout::Record => (ENQUEUE, LEASE_ACK),
-            Layout::Inline => (ENQUEUE_INLINE, LEASE_ACK_INLINE),
-        }
-    }
-}
-
 /// A prefix of its own per run (ids repeat between runs).
 fn prefix() -> String {
     static RUN: AtomicU64 = AtomicU64::new(0);
@@ -212,8 +115,8 @@ fn prefix() -> String {
 
 /// Store `envs` with the floor's enqueue script, `chunk` per call, 1,000
 /// per pipeline from 4 producers (what `enqueue_all` does with the store).
-async fn enqueue(url: &str, p: &str, envs: &[Envelope], layout: Layout) {
-    let script = redis::Script::new(layout.scripts().0);
+async fn enqueue(url: &str, p: &str, envs: &[Envelope]) {
+    let script = redis::Script::new(ENQUEUE);
     let mut sorted: Vec<&Envelope> = envs.iter().collect();
     let chunks: Vec<Vec<Vec<String>>> = envs
         .chunks(1000)
@@ -267,27 +170,26 @@ async fn enqueue(url: &str, p: &str, envs: &[Envelope], layout: Layout) {
 }
 
 /// The floor's batch enqueue of `envs`, measured; its keys are deleted after.
-pub async fn floor_enqueue(url: &str, envs: &[Envelope], layout: Layout) -> Rate {
+pub async fn floor_enqueue(url: &str, envs: &[Envelope]) -> Rate {
     let p = prefix();
-    let rate = measure(url, envs.len() as u64, enqueue(url, &p, envs, layout)).await;
+    let rate = measure(url, envs.len() as u64, enqueue(url, &p, envs)).await;
     drop_prefix(url, &p).await;
     rate
 }
 
 /// `ops` floor deliveries by `clients` clients, each acking what it holds
 /// and leasing up to `k` more per call, from a backlog of `envs` stored
-/// with the floor's enqueue of the same layout (set up unmeasured).
+/// with the floor's enqueue (set up unmeasured).
 pub async fn floor_deliveries(
     url: &str,
     envs: &[Envelope],
     clients: usize,
     k: usize,
     ops: u64,
-    layout: Layout,
 ) -> Rate {
     let p = prefix();
-    enqueue(url, &p, envs, layout).await;
-    let script = redis::Script::new(layout.scripts().1);
+    enqueue(url, &p, envs).await;
+    let script = redis::Script::new(LEASE_ACK);
     let left = Arc::new(AtomicU64::new(ops));
     let conns = raw_connections(url, clients).await;
     let phase = {
