@@ -147,6 +147,7 @@ async fn envelopes_stored_whole_across_slots() {
     support::whole::a_lane_of_records_is_served_in_order_beside_whole_items(url).await;
     support::whole::hostile_whole_items_fail_no_lease_and_lose_nothing_quietly(url).await;
     support::whole::a_foreign_leased_key_fails_no_lease_or_ack(url).await;
+    support::whole::a_malformed_enqueue_fails_before_its_first_write(url).await;
 }
 
 #[tokio::test]

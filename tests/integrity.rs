@@ -103,3 +103,8 @@ async fn hostile_whole_items_fail_no_lease_and_lose_nothing_quietly() {
 async fn a_foreign_leased_key_fails_no_lease_or_ack() {
     support::whole::a_foreign_leased_key_fails_no_lease_or_ack(url()).await;
 }
+
+#[tokio::test]
+async fn a_malformed_enqueue_fails_before_its_first_write() {
+    support::whole::a_malformed_enqueue_fails_before_its_first_write(url()).await;
+}

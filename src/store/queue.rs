@@ -201,17 +201,20 @@ impl Store {
     ) -> Result<EnqueueOutcome> {
         let payload = encode(env)?;
         let limit = limit.unwrap_or(0).to_string();
+        // see enqueue.lua: not routed, then one tenant's group of one
         let v = self
             .run(
                 Func::Enqueue,
                 q,
                 &[
-                    env.id.as_bytes(),
+                    b"0",
                     env.tenant.as_bytes(),
-                    env.endpoint_name().as_bytes(),
-                    &payload,
+                    b"1",
                     limit.as_bytes(),
                     TierUpdate::Keep.arg().as_bytes(),
+                    env.id.as_bytes(),
+                    env.endpoint_name().as_bytes(),
+                    &payload,
                 ],
             )
             .await?;
@@ -281,25 +284,22 @@ impl Store {
                 .arg(&function)
                 .arg(2)
                 .arg(&prefix)
-                .arg(&guard);
-            // six arguments per envelope (see enqueue.lua); a tenant's
-            // terms are asked for once per run of its envelopes
-            let mut last: Option<(&str, TenantTerms)> = None;
-            for (i, payload) in chunk {
-                let env = &envs[*i];
-                if last.as_ref().is_none_or(|(t, _)| *t != env.tenant) {
-                    last = Some((&env.tenant, terms(&env.tenant)));
-                }
-                let (_, tt) = last.as_ref().expect("set above");
-                cmd.arg(&env.id)
-                    .arg(&env.tenant)
-                    .arg(env.endpoint_name())
-                    .arg(payload)
+                .arg(&guard)
+                .arg(routed);
+            // per run of a tenant's envelopes (see enqueue.lua): the tenant,
+            // their count and its terms (asked for once), then three
+            // arguments per envelope
+            for run in chunk.chunk_by(|a, b| envs[a.0].tenant == envs[b.0].tenant) {
+                let tenant = &envs[run[0].0].tenant;
+                let tt = terms(tenant);
+                cmd.arg(tenant)
+                    .arg(run.len())
                     .arg(tt.backlog_limit.unwrap_or(0))
                     .arg(tt.tier.arg());
-            }
-            if routed > 0 {
-                cmd.arg(routed);
+                for (i, payload) in run {
+                    let env = &envs[*i];
+                    cmd.arg(&env.id).arg(env.endpoint_name()).arg(payload);
+                }
             }
         }
         if !valid.is_empty() {

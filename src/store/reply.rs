@@ -367,40 +367,67 @@ pub(super) fn parse_lease(q: QueueId, items: &[Value]) -> Result<LeaseOutcome> {
     }
 }
 
-pub(super) fn parse_enqueue(tag: &Value, value: &Value) -> Result<EnqueueOutcome> {
-    match string(tag).as_str() {
-        "OK" => Ok(EnqueueOutcome::Queued { seq: int(value) }),
-        "HELD" => Ok(EnqueueOutcome::Held { seq: int(value) }),
-        "DUP" => Ok(EnqueueOutcome::Duplicate),
-        "FULL" => Ok(EnqueueOutcome::Full { depth: int(value) }),
-        "STALE" => Ok(EnqueueOutcome::Stale { fence: int(value) }),
-        "SHAPED" => Ok(EnqueueOutcome::Shaped {
-            retry_after: Duration::from_millis(int(value)),
+/// One envelope's outcome in an enqueue reply: its code, its seq when
+/// stored, and the value that goes with the code (see `enqueue_reply`).
+fn parse_enqueue(code: u8, seq: u64, value: Option<&Value>) -> Result<EnqueueOutcome> {
+    let need = || {
+        value.ok_or_else(|| StoreError::Protocol {
+            script: "enqueue",
+            detail: format!("code {:?} without its value", code as char),
+        })
+    };
+    match code {
+        b'O' => Ok(EnqueueOutcome::Queued { seq }),
+        b'H' => Ok(EnqueueOutcome::Held { seq }),
+        b'D' => Ok(EnqueueOutcome::Duplicate),
+        b'F' => Ok(EnqueueOutcome::Full {
+            depth: int(need()?),
         }),
-        "MOVED" => string(value)
+        b'T' => Ok(EnqueueOutcome::Stale {
+            fence: int(need()?),
+        }),
+        b'S' => Ok(EnqueueOutcome::Shaped {
+            retry_after: Duration::from_millis(int(need()?)),
+        }),
+        b'M' => string(need()?)
             .parse()
             .map(EnqueueOutcome::Moved)
             .map_err(|e| StoreError::Protocol {
                 script: "enqueue",
                 detail: format!("MOVED to {e}"),
             }),
-        _ => Err(unexpected("enqueue", &[tag.clone(), value.clone()])),
+        _ => Err(StoreError::Protocol {
+            script: "enqueue",
+            detail: format!("unknown code {:?}", code as char),
+        }),
     }
 }
 
 // ---- one decoder per script reply ------------------------------------
 
-/// enqueue.lua: a `{tag, value}` pair per envelope, `n` envelopes. A reply
-/// of another length is an error of the whole call; a pair that does not
-/// decode is an error of its envelope.
+/// enqueue.lua: `{seq0, codes, values...}` for `n` envelopes, one code
+/// letter each, in order: 'O' queued and 'H' held (seq: seq0 plus its
+/// place, from 1), 'D' a duplicate, and 'M' moved, 'F' full, 'T' stale and
+/// 'S' shaped, each taking the next of the values. A reply whose codes are
+/// not `n` is an error of the whole call; a code that does not decode is an
+/// error of its envelope.
 pub(super) fn enqueue_reply(v: Value, n: usize) -> Result<Vec<Result<EnqueueOutcome>>> {
     let items = array("enqueue", v)?;
-    if items.len() != 2 * n {
-        return Err(unexpected("enqueue", &items));
-    }
-    Ok(items
-        .chunks(2)
-        .map(|pair| parse_enqueue(&pair[0], &pair[1]))
+    let codes = match items.get(1) {
+        Some(Value::BulkString(c)) if c.len() == n => c.clone(),
+        _ => return Err(unexpected("enqueue", &items)),
+    };
+    let seq0 = int(&items[0]);
+    let mut values = items[2..].iter();
+    Ok(codes
+        .iter()
+        .enumerate()
+        .map(|(k, &code)| {
+            let value = matches!(code, b'M' | b'F' | b'T' | b'S')
+                .then(|| values.next())
+                .flatten();
+            parse_enqueue(code, seq0 + k as u64 + 1, value)
+        })
         .collect())
 }
 
@@ -754,18 +781,46 @@ mod tests {
     }
 
     #[test]
-    fn an_enqueue_reply_of_the_wrong_length_fails_the_call_and_a_bad_pair_its_envelope() {
-        let v = Value::Array(vec![bulk("OK"), Value::Int(7), bulk("NOPE"), Value::Int(0)]);
-        let out = enqueue_reply(v, 2).unwrap();
-        assert_eq!(out[0].as_ref().unwrap(), &EnqueueOutcome::Queued { seq: 7 });
+    fn an_enqueue_reply_of_the_wrong_length_fails_the_call_and_a_bad_code_its_envelope() {
+        let v = Value::Array(vec![
+            Value::Int(6),
+            bulk("OHDFTSMX"),
+            Value::Int(9),
+            Value::Int(42),
+            bulk("250"),
+            bulk(&QueueId::Shard(1).to_string()),
+        ]);
+        let out = enqueue_reply(v, 8).unwrap();
+        let ok: Vec<_> = out[..7]
+            .iter()
+            .map(|o| o.as_ref().unwrap().clone())
+            .collect();
+        assert_eq!(
+            ok,
+            [
+                EnqueueOutcome::Queued { seq: 7 },
+                EnqueueOutcome::Held { seq: 8 },
+                EnqueueOutcome::Duplicate,
+                EnqueueOutcome::Full { depth: 9 },
+                EnqueueOutcome::Stale { fence: 42 },
+                EnqueueOutcome::Shaped {
+                    retry_after: Duration::from_millis(250)
+                },
+                EnqueueOutcome::Moved(QueueId::Shard(1)),
+            ]
+        );
         assert!(matches!(
-            out[1],
+            out[7],
             Err(StoreError::Protocol {
                 script: "enqueue",
                 ..
             })
         ));
-        let short = Value::Array(vec![bulk("OK"), Value::Int(7)]);
+        // a code without its value is its envelope's error
+        let v = Value::Array(vec![Value::Int(0), bulk("OF")]);
+        let out = enqueue_reply(v, 2).unwrap();
+        assert!(out[0].is_ok() && out[1].is_err());
+        let short = Value::Array(vec![Value::Int(0), bulk("O")]);
         assert!(matches!(
             enqueue_reply(short, 2),
             Err(StoreError::Protocol {

@@ -1,15 +1,19 @@
 -- Helpers (common.lua): num, now_ms, tkey, hold, epskey, lane_item, claim_ids, lane_append, activate,
 --   activate_fresh
--- ARGV: id, tenant, endpoint, payload, backlog limit (0: none), tier ('':
--- unknown, keep what the tenant has; '-': none, clear it; else the tier
--- name), repeated for each envelope of the batch (one or many), then
--- optionally the version of the routing table the caller routed by. A
--- tenant's tier (tr) is written only when it changes (the last non-empty
--- tier of its envelopes in the call wins), also when they are refused FULL. Returns a flat list with a
--- {tag, value} pair per envelope, in order:
--- 'OK' seq | 'HELD' seq | 'DUP' 0 | 'MOVED' queue | 'FULL' depth | 'STALE' fence
--- | 'SHAPED' ms.
--- SHAPED: the tenant is shaped at ingest (sr, its rate per second, and sb,
+-- ARGV: the version of the routing table the caller routed by (0: none,
+-- nothing is checked), then the batch's envelopes (one or many) grouped by
+-- tenant: per group the tenant, its count of envelopes, its backlog limit
+-- (0: none) and its tier ('': unknown, keep what the tenant has; '-': none,
+-- clear it; else the tier name), then per envelope its id, endpoint and
+-- payload. A tenant's tier (tr) is written only when it changes (the last
+-- non-empty tier of its groups in the call wins), also when they are
+-- refused FULL.
+-- Returns {seq0, codes, values...}: codes has one letter per envelope, in
+-- order, 'O' queued and 'H' held (its seq is seq0 plus its place in the
+-- call, from 1), 'D' a duplicate, and, each with the next of the values,
+-- 'M' moved (the queue), 'F' full (the depth), 'T' stale (the fence) and
+-- 'S' shaped (ms): two reply elements per call, not two per envelope.
+-- Shaped ('S'): the tenant is shaped at ingest (sr, its rate per second, and sb,
 -- its burst, in its state, written by the controller's promotion loop when
 -- it is hot and its lane waits at the cap) and its bucket (sl tokens at su
 -- ms) holds too few tokens for this call's envelopes: none is stored, and
@@ -18,7 +22,7 @@
 -- taken from a full bucket and leaves it in debt: the rate holds on average.
 -- Refusals are counted (sd) and the last one's time kept (sx) for the
 -- controller, which lifts the shaping once none has come for a while.
--- FULL: the tenant's depth here (queued, held, delayed and in flight) had
+-- Full ('F'): the tenant's depth here (queued, held, delayed and in flight) had
 -- reached the limit before this call; the envelope is not stored and its id
 -- not claimed. The check is per call, so a tenant's envelopes in one call
 -- are all taken or all refused (a call may overshoot by its own size).
@@ -27,31 +31,43 @@
 -- checked in two set lookups and claimed in one, and each tenant's lane gets
 -- one RPUSH, which stores its envelopes whole (lane_item): an envelope costs
 -- no call of its own.
-local n = math.floor(#ARGV / 6)
--- the caller sends at most ENQUEUE_CHUNK (200); refuse, before any write,
--- what could not be unpacked
-if n > 1000 then return redis.error_reply('enqueue: at most 1000 envelopes per call, got ' .. n) end
--- A producer that routed by a table appends its version: one older than the
+-- Every check comes before the first write: a call that does not parse
+-- changes nothing.
+local routed = tonumber(ARGV[1])
+local gpos, n, at = {}, 0, 2
+while routed and at <= #ARGV do
+  local count = tonumber(ARGV[at + 1])
+  if not count or count < 1 or count % 1 ~= 0 or at + 3 + 3 * count > #ARGV then
+    routed = nil
+  else
+    gpos[#gpos + 1] = at
+    n = n + count
+    at = at + 4 + 3 * count
+  end
+end
+-- the caller sends at most ENQUEUE_CHUNK (200) envelopes a call
+if not routed or n > 1000 then
+  return redis.error_reply('enqueue: ARGV must be the routing version, then per tenant its name, count, limit '
+    .. 'and tier and count (id, endpoint, payload) triples, at most 1000 envelopes')
+end
+-- A producer that routed by a table sends its version: one older than the
 -- queue's fence (set by a reshard before it changes the shard count) is
--- refused whole with 'STALE' and the fence, and the producer refreshes its
--- table. Without it (tests, the simulator, a hold buffer's import) nothing
--- is checked.
-local routed = tonumber(ARGV[6 * n + 1]) or 0
+-- refused whole with 'T' and the fence, and the producer refreshes its
+-- table. Without it (tests, the simulator) nothing is checked.
 local min_route = num(MIN_ROUTE_RAW, 0)
 if routed > 0 and routed < min_route then
-  local out = {}
-  for k = 1, n do out[#out + 1] = 'STALE'; out[#out + 1] = min_route end
+  local out = { 0, string.rep('T', n) }
+  for k = 1, n do out[k + 2] = min_route end
   return out
 end
 local now = now_ms()
 -- one sequence block for the batch; ids that turn out duplicate leave gaps
 local seq0 = redis.call('INCRBY', P .. ':seq', n) - n
-local tenants = {} -- tenant -> {paused, moved, known, active, ip, xc, ids = {candidates}, lane = {ids}, held = {ids}}
+local tenants = {} -- tenant -> {paused, moved, known, active, ip, xc, ids = {candidates}, lane = {items}, held = {items}}
 local order = {}
-local full = {} -- k -> true: over the tenant's backlog limit
-for k = 1, n do
-  local i = 6 * k - 5
-  local t = ARGV[i + 1]
+local full = {} -- group -> true: over the tenant's backlog limit
+for g, i in ipairs(gpos) do
+  local t = ARGV[i]
   local ts = tenants[t]
   if not ts then
     -- paused, moved, and whether activation can be skipped (already on the
@@ -59,20 +75,21 @@ for k = 1, n do
     local st = redis.call('HMGET', tkey(t), 'p', 'm', 'r', 'k', 'bl', 'n', 'ip', 'ia', 'xc', 'h', 'tr', 'sr', 'sb', 'sl', 'su', 'sd')
     ts = { paused = st[1] == '1', moved = st[2] or '', known = st[6] ~= false, depth = tonumber(st[6]) or 0,
       active = st[3] == '1' or st[4] == '1' or st[5] == '1', ip = st[7], ia = st[8], xc = st[9], h = num(st[10], 0), tr = st[11] or '', ids = {}, lane = {}, held = {},
-      -- the endpoint of each id in lane (endpoint isolation)
+      -- the endpoint of each item in lane (endpoint isolation)
       lane_eps = {},
       sr = num(st[12], 0), sb = num(st[13], 0), sl = tonumber(st[14]), su = num(st[15], 0), sd = num(st[16], 0) }
     tenants[t] = ts
     order[#order + 1] = t
   end
-  local limit = tonumber(ARGV[i + 4]) or 0
-  local tier = ARGV[i + 5]
-  if tier ~= nil and tier ~= '' then ts.tier = (tier == '-') and '' or tier end
+  local limit = tonumber(ARGV[i + 2]) or 0
+  local tier = ARGV[i + 3]
+  if tier ~= '' then ts.tier = (tier == '-') and '' or tier end
   if ts.moved == '' then
     if limit > 0 and ts.depth >= limit then
-      full[k] = true
+      full[g] = true
     else
-      ts.ids[#ts.ids + 1] = ARGV[i]
+      local ids = ts.ids
+      for b = i + 4, i + 3 + 3 * tonumber(ARGV[i + 1]), 3 do ids[#ids + 1] = ARGV[b] end
     end
   end
 end
@@ -112,35 +129,41 @@ end
 -- formatted once for the batch, not by Redis for every envelope
 local now_s = tostring(now)
 
-local out = {}
-for k = 1, n do
-  local i = 6 * k - 5
-  local id, t, ep, payload = ARGV[i], ARGV[i + 1], ARGV[i + 2], ARGV[i + 3]
-  local ts = tenants[t]
-  if ts.moved ~= '' then
-    out[#out + 1] = 'MOVED'; out[#out + 1] = ts.moved
-  elseif full[k] then
-    out[#out + 1] = 'FULL'; out[#out + 1] = ts.depth
-  elseif ts.shaped then
-    out[#out + 1] = 'SHAPED'; out[#out + 1] = ts.shaped
-  elseif not ts.fresh[id] then
-    out[#out + 1] = 'DUP'; out[#out + 1] = 0
-  else
-    ts.fresh[id] = nil -- the same id twice in one batch is stored once
-    local seq = seq0 + k
-    -- attempts are none until the first failure, which writes a record
-    local item = lane_item(id, ep, string.format('%d', seq), now_s, payload)
-    if ts.paused then
-      ts.held[#ts.held + 1] = item
-      out[#out + 1] = 'HELD'
+-- a seq as the item holds it: Lua writes a number below 10^14 as its
+-- digits, and only one past it (state written behind the scripts' back)
+-- needs formatting
+local big = seq0 + n >= 1e14
+local codes, out, k = {}, { seq0, false }, 0
+for g, i in ipairs(gpos) do
+  local ts = tenants[ARGV[i]]
+  for b = i + 4, i + 3 + 3 * tonumber(ARGV[i + 1]), 3 do
+    k = k + 1
+    local id = ARGV[b]
+    if ts.moved ~= '' then
+      codes[k] = 'M'; out[#out + 1] = ts.moved
+    elseif full[g] then
+      codes[k] = 'F'; out[#out + 1] = ts.depth
+    elseif ts.shaped then
+      codes[k] = 'S'; out[#out + 1] = ts.shaped
+    elseif not ts.fresh[id] then
+      codes[k] = 'D'
     else
-      ts.lane[#ts.lane + 1] = item
-      if ISO_EP then ts.lane_eps[#ts.lane] = ep end
-      out[#out + 1] = 'OK'
+      ts.fresh[id] = nil -- the same id twice in one batch is stored once
+      local seq = seq0 + k
+      -- attempts are none until the first failure, which writes a record
+      local item = lane_item(id, ARGV[b + 1], big and string.format('%d', seq) or seq, now_s, ARGV[b + 2])
+      if ts.paused then
+        ts.held[#ts.held + 1] = item
+        codes[k] = 'H'
+      else
+        ts.lane[#ts.lane + 1] = item
+        if ISO_EP then ts.lane_eps[#ts.lane] = ARGV[b + 1] end
+        codes[k] = 'O'
+      end
     end
-    out[#out + 1] = seq
   end
 end
+out[2] = table.concat(codes)
 for _, t in ipairs(order) do
   local ts = tenants[t]
   local added = #ts.lane + #ts.held

@@ -321,3 +321,61 @@ pub async fn a_foreign_leased_key_fails_no_lease_or_ack(url: &str) {
         raw(url, redis::cmd("DEL").arg(keys::leased(&p)).clone()).await;
     }
 }
+
+/// Enqueue's arguments, grouped by tenant, checked before its first write:
+/// a call that does not parse (a count that is not a whole number from 1,
+/// or that runs past the arguments; a routing version that is not a
+/// number; more than 1,000 envelopes) is refused and changes nothing.
+pub async fn a_malformed_enqueue_fails_before_its_first_write(url: &str) {
+    let s = store(url, QueuePolicy::default()).await;
+    let p = s.queue_prefix(Q);
+    let keyspace = || async {
+        let mut cmd = redis::cmd("KEYS");
+        cmd.arg(format!("{p}*"));
+        let mut keys: Vec<String> = redis::from_redis_value(raw(url, cmd).await).unwrap();
+        keys.sort();
+        keys
+    };
+    // the library is loaded by a store's first call
+    s.enqueue(Q, &named("w", "warm")).await.unwrap();
+    let before = keyspace().await;
+    let one = ["id-1", "main", "{}"];
+    let mut many = vec!["0", "t", "1001", "0", ""];
+    for _ in 0..1001 {
+        many.extend(one);
+    }
+    let cases: Vec<Vec<&str>> = vec![
+        vec!["soon", "t", "1", "0", "", "id-1", "main", "{}"],
+        vec!["0", "t", "0", "0", ""],
+        vec!["0", "t", "1.5", "0", "", "id-1", "main", "{}"],
+        vec!["0", "t", "inf", "0", "", "id-1", "main", "{}"],
+        vec!["0", "t", "2", "0", "", "id-1", "main", "{}"],
+        vec!["0", "t", "1", "0", "", "id-1", "main"],
+        vec!["0", "t", "1", "0", "", "id-1", "main", "{}", "u"],
+        many,
+    ];
+    for args in cases {
+        let mut cmd = redis::cmd("FCALL");
+        cmd.arg(s.function_name("enqueue"))
+            .arg(2)
+            .arg(&p)
+            .arg(keys::slot_guard(&p));
+        for a in &args {
+            cmd.arg(*a);
+        }
+        let out = super::dataplane::raw_result(url, cmd).await;
+        let err = out.expect_err(&format!("{:?} was taken", &args[..args.len().min(9)]));
+        assert!(err.contains("ARGV must be the routing version"), "{err}");
+        assert_eq!(
+            keyspace().await,
+            before,
+            "{:?} wrote",
+            &args[..args.len().min(9)]
+        );
+    }
+    // and a call that parses is taken
+    assert_eq!(
+        s.enqueue(Q, &named("t", "id-1")).await.unwrap(),
+        lanekeeper::store::EnqueueOutcome::Queued { seq: 2 }
+    );
+}
