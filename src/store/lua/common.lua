@@ -462,34 +462,11 @@ end
 -- it to a state that keeps records (the delayed set).
 
 -- The lane item of an envelope stored whole. `id` and `ep` hold no
--- control character; `at` (enqueued ms) is a string of digits, and so is
--- the seq, given as its two parts (seq_parts). The id comes first: a lease
--- reads only it (item_id), and hands the item to the worker, which reads
--- the rest (`store::keys::lane_item`).
-local function lane_item(id, ep, seq_hi, seq_lo, at, payload)
-  return '\1' .. id .. '\n' .. ep .. '\n' .. seq_hi .. seq_lo .. '\n' .. at .. '\n' .. payload
-end
-
--- Zero-padded three-digit strings, made once each (see seq_parts).
-local PAD3 = {}
--- The last thousands part seq_parts formatted, and its text.
-local SEQ_HI, SEQ_HI_TEXT = -1, ''
-
--- A whole number from 0 as two strings whose concatenation is its digits,
--- the thousands and the last three: a batch's seqs share their thousands,
--- so each costs two lookups, not the '%.14g' (or '%d') formatting a number
--- costs Lua, which was 6% of an enqueue.
-local function seq_parts(seq)
-  local hi = math.floor(seq / 1000)
-  local lo = seq - hi * 1000
-  if hi == 0 then return '', istr(lo) end
-  if hi ~= SEQ_HI then SEQ_HI, SEQ_HI_TEXT = hi, string.format('%d', hi) end
-  local s = PAD3[lo]
-  if not s then
-    s = string.format('%03d', lo)
-    PAD3[lo] = s
-  end
-  return SEQ_HI_TEXT, s
+-- control character; `seq` and `at` (enqueued ms) are strings of digits.
+-- The id comes first: a lease reads only it (item_id), and hands the item
+-- to the worker, which reads the rest (`store::keys::lane_item`).
+local function lane_item(id, ep, seq, at, payload)
+  return '\1' .. id .. '\n' .. ep .. '\n' .. seq .. '\n' .. at .. '\n' .. payload
 end
 
 -- The id of lane item `item` when it holds an envelope whole (else nil),

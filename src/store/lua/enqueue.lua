@@ -1,5 +1,5 @@
--- Helpers (common.lua): num, now_ms, tkey, hold, epskey, lane_item, seq_parts, claim_ids, lane_append,
---   activate, activate_fresh
+-- Helpers (common.lua): num, now_ms, tkey, hold, epskey, lane_item, claim_ids, lane_append, activate,
+--   activate_fresh
 -- ARGV: the version of the routing table the caller routed by (0: none,
 -- nothing is checked), then the batch's envelopes (one or many) grouped by
 -- tenant: per group the tenant, its count of envelopes, its backlog limit
@@ -129,6 +129,10 @@ end
 -- formatted once for the batch, not by Redis for every envelope
 local now_s = tostring(now)
 
+-- a seq as the item holds it: Lua writes a number below 10^14 as its
+-- digits, and only one past it (state written behind the scripts' back)
+-- needs formatting
+local big = seq0 + n >= 1e14
 local codes, out, k = {}, { seq0, false }, 0
 for g, i in ipairs(gpos) do
   local ts = tenants[ARGV[i]]
@@ -145,9 +149,9 @@ for g, i in ipairs(gpos) do
       codes[k] = 'D'
     else
       ts.fresh[id] = nil -- the same id twice in one batch is stored once
+      local seq = seq0 + k
       -- attempts are none until the first failure, which writes a record
-      local hi, lo = seq_parts(seq0 + k)
-      local item = lane_item(id, ARGV[b + 1], hi, lo, now_s, ARGV[b + 2])
+      local item = lane_item(id, ARGV[b + 1], big and string.format('%d', seq) or seq, now_s, ARGV[b + 2])
       if ts.paused then
         ts.held[#ts.held + 1] = item
         codes[k] = 'H'
