@@ -60,6 +60,27 @@ fn whole(p: &[Vec<u8>]) -> Vec<u8> {
     item
 }
 
+/// Where envelope `id` of `tenant` is stored whole: each list, index and
+/// item.
+async fn whole_items<C: ConnectionLike + Send>(
+    conn: &mut C,
+    prefix: &str,
+    tenant: &str,
+    id: &str,
+) -> Vec<(String, usize, Vec<u8>)> {
+    let mut out = Vec::new();
+    for list in lists(conn, prefix, tenant).await {
+        let items: Vec<Vec<u8>> = query(conn, redis::cmd("LRANGE").arg(&list).arg(0).arg(-1)).await;
+        for (i, item) in items.into_iter().enumerate() {
+            if matches!(keys::lane_item(&item), LaneItem::Whole { id: got, .. } if got == id.as_bytes())
+            {
+                out.push((list.clone(), i, item));
+            }
+        }
+    }
+    out
+}
+
 /// Rewrite envelope `id` of `tenant` wherever it is kept: `whole` maps a
 /// whole item to its replacement, `record` is run on its record key when
 /// it has one.
@@ -71,16 +92,9 @@ async fn rewrite<C: ConnectionLike + Send>(
     with: impl Fn(Vec<Vec<u8>>) -> Vec<u8>,
     record: redis::Cmd,
 ) {
-    for list in lists(conn, prefix, tenant).await {
-        let items: Vec<Vec<u8>> = query(conn, redis::cmd("LRANGE").arg(&list).arg(0).arg(-1)).await;
-        for (i, item) in items.iter().enumerate() {
-            if let (LaneItem::Whole { id: got, .. }, Some(p)) = (keys::lane_item(item), parts(item))
-            {
-                if got == id.as_bytes() {
-                    let _: () =
-                        query(conn, redis::cmd("LSET").arg(&list).arg(i).arg(with(p))).await;
-                }
-            }
+    for (list, i, item) in whole_items(conn, prefix, tenant, id).await {
+        if let Some(p) = parts(&item) {
+            let _: () = query(conn, redis::cmd("LSET").arg(&list).arg(i).arg(with(p))).await;
         }
     }
     for field in leased_fields(conn, prefix, tenant, id).await {
@@ -120,14 +134,8 @@ pub async fn lose_body<C: ConnectionLike + Send>(
     tenant: &str,
     id: &str,
 ) {
-    for list in lists(conn, prefix, tenant).await {
-        let items: Vec<Vec<u8>> = query(conn, redis::cmd("LRANGE").arg(&list).arg(0).arg(-1)).await;
-        for (i, item) in items.iter().enumerate() {
-            if matches!(keys::lane_item(item), LaneItem::Whole { id: got, .. } if got == id.as_bytes())
-            {
-                let _: () = query(conn, redis::cmd("LSET").arg(&list).arg(i).arg(id)).await;
-            }
-        }
+    for (list, i, _) in whole_items(conn, prefix, tenant, id).await {
+        let _: () = query(conn, redis::cmd("LSET").arg(&list).arg(i).arg(id)).await;
     }
     for field in leased_fields(conn, prefix, tenant, id).await {
         let _: () = query(
@@ -151,35 +159,30 @@ pub async fn to_record<C: ConnectionLike + Send>(
     tenant: &str,
     id: &str,
 ) {
-    for list in lists(conn, prefix, tenant).await {
-        let items: Vec<Vec<u8>> = query(conn, redis::cmd("LRANGE").arg(&list).arg(0).arg(-1)).await;
-        for (i, item) in items.iter().enumerate() {
-            if let LaneItem::Whole {
-                id: got,
-                endpoint,
-                seq,
-                enqueued_ms,
-                payload,
-            } = keys::lane_item(item)
-            {
-                if got == id.as_bytes() {
-                    let record = redis::cmd("HSET")
-                        .arg(keys::envelope(prefix, tenant, id))
-                        .arg("t")
-                        .arg(tenant)
-                        .arg("s")
-                        .arg(seq)
-                        .arg("p")
-                        .arg(payload)
-                        .arg("n")
-                        .arg(enqueued_ms)
-                        .arg("ep")
-                        .arg(endpoint)
-                        .clone();
-                    let _: () = query(conn, &record).await;
-                    let _: () = query(conn, redis::cmd("LSET").arg(&list).arg(i).arg(id)).await;
-                }
-            }
+    for (list, i, item) in whole_items(conn, prefix, tenant, id).await {
+        if let LaneItem::Whole {
+            endpoint,
+            seq,
+            enqueued_ms,
+            payload,
+            ..
+        } = keys::lane_item(&item)
+        {
+            let record = redis::cmd("HSET")
+                .arg(keys::envelope(prefix, tenant, id))
+                .arg("t")
+                .arg(tenant)
+                .arg("s")
+                .arg(seq)
+                .arg("p")
+                .arg(payload)
+                .arg("n")
+                .arg(enqueued_ms)
+                .arg("ep")
+                .arg(endpoint)
+                .clone();
+            let _: () = query(conn, &record).await;
+            let _: () = query(conn, redis::cmd("LSET").arg(&list).arg(i).arg(id)).await;
         }
     }
 }
