@@ -108,3 +108,13 @@ async fn a_foreign_leased_key_fails_no_lease_or_ack() {
 async fn a_malformed_enqueue_fails_before_its_first_write() {
     support::whole::a_malformed_enqueue_fails_before_its_first_write(url()).await;
 }
+
+#[tokio::test]
+async fn a_replay_waits_while_its_id_is_live_again() {
+    support::whole::a_replay_waits_while_its_id_is_live_again(url()).await;
+}
+
+#[tokio::test]
+async fn foreign_gate_keys_fail_no_lease() {
+    support::whole::foreign_gate_keys_fail_no_lease(url()).await;
+}

@@ -809,9 +809,11 @@ end
 -- its next token is due.
 local function endpoint_gate(t, ep, lim, now)
   local k = P .. ':rl:' .. #t .. ':' .. t .. ':' .. ep
-  local raw = redis.call('GET', k)
+  -- a key of the wrong type (written behind the scripts' back) reads as a
+  -- full bucket: a lease has written before it asks, and must not fail
+  local raw = redis.pcall('GET', k)
   local tokens, at
-  if raw then
+  if type(raw) == 'string' then
     -- '<tokens>:<at>' (spend_endpoint); a plain find, not a pattern
     local c = string.find(raw, ':', 1, true)
     if c then
@@ -920,8 +922,10 @@ end
 -- it is blocked, and the state change ('half-open' or '').
 local function breaker_gate(t, ep, now)
   local k = bkey(t, ep)
-  local b = redis.call('HMGET', k, 's', 'u')
-  if b[1] ~= 'open' and b[1] ~= 'half' then return true, '' end
+  -- a key of the wrong type (written behind the scripts' back) reads as a
+  -- closed breaker: a lease has written before it asks, and must not fail
+  local b = redis.pcall('HMGET', k, 's', 'u')
+  if b.err or (b[1] ~= 'open' and b[1] ~= 'half') then return true, '' end
   local u = tonumber(b[2]) or 0
   if now < u then return u, '' end
   -- open and cooled down, or a half-open probe that never reported: one probe goes out
@@ -935,7 +939,13 @@ local function breaker_record(t, ep, failed, bw, now)
   if ep == nil or ep == '' or (not failed and bw <= 0) then return '' end
   local k = bkey(t, ep)
   local tk = tkey(t)
-  local b = redis.call('HMGET', k, 's', 'ws', 'n', 'x')
+  -- a key of the wrong type (written behind the scripts' back) is a closed
+  -- breaker starting over: an ack or nack has written before it asks
+  local b = redis.pcall('HMGET', k, 's', 'ws', 'n', 'x')
+  if b.err then
+    redis.call('DEL', k)
+    b = {}
+  end
   local s = b[1]
   if s == 'half' then
     if failed then
@@ -1009,7 +1019,10 @@ end
 -- to be > now. Returns its paced-until ms, or nil (an expired entry is deleted).
 local function paced_until(t, ep, now)
   local k = pacekey(t)
-  local u = tonumber(redis.call('HGET', k, ep))
+  -- a key of the wrong type (written behind the scripts' back) reads as no
+  -- pause: a lease has written before it asks, and must not fail
+  local v = redis.pcall('HGET', k, ep)
+  local u = type(v) == 'string' and tonumber(v)
   if not u then return nil end
   if u > now then return u end
   redis.call('HDEL', k, ep)
@@ -1207,11 +1220,13 @@ local function dl_retain(t)
 end
 
 -- Record a dead letter of tenant `t` in its stream, apply the retention
--- bound, and delete the envelope's record. The caller has counted it
+-- bound, and delete the envelope's record. `enq` is when the envelope was
+-- enqueued (ms, as stored; nil when unknown): replay_dead tells its id's
+-- own claim from a later envelope's by it. The caller has counted it
 -- (settle 'dead'). Cannot fail.
-local function dead_letter(t, id, attempts, cause, now, payload, ep)
+local function dead_letter(t, id, attempts, cause, now, payload, ep, enq)
   redis.call('XADD', dlkey(t), '*', 'id', id, 'a', istr(attempts), 'c', cause, 'at', now, 'p', payload or '',
-    'ep', ep or '')
+    'ep', ep or '', 'n', enq or '')
   dl_retain(t)
   redis.call('DEL', ekey(t, id))
 end
@@ -1343,12 +1358,13 @@ local function reap(now, limit)
       if not present then
         dead_missing_lease(t, id, c, used, now, ep)
       else
-        local m = redis.call('HMGET', ek, 's', 'p', 'ep')
+        local m = redis.call('HMGET', ek, 's', 'p', 'ep', 'n')
         local a = redis.call('HINCRBY', ek, 'a', 1)
         local dead = a >= MAX_ATTEMPTS
         settle(t, c, used, now, true, dead and 'dead' or nil, ep)
         if dead then
-          dead_letter(t, id, a, 'lease expired ' .. a .. ' times without an ack (worker died or hung)', now, m[2], m[3])
+          dead_letter(t, id, a, 'lease expired ' .. a .. ' times without an ack (worker died or hung)', now, m[2], m[3],
+            m[4])
         else
           items[#items + 1] = { t, tonumber(m[1]) or 0, id, ep or m[3] }
         end

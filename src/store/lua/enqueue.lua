@@ -34,6 +34,9 @@
 -- Every check comes before the first write: a call that does not parse
 -- changes nothing.
 local routed = tonumber(ARGV[1])
+-- a version is a whole number from 0 (nan, inf or a fraction would pass
+-- the fence's comparison unchecked)
+if routed and (routed ~= routed or routed < 0 or routed % 1 ~= 0 or routed >= 2 ^ 53) then routed = nil end
 local gpos, n, at = {}, 0, 2
 while routed and at <= #ARGV do
   local count = tonumber(ARGV[at + 1])
@@ -46,7 +49,7 @@ while routed and at <= #ARGV do
   end
 end
 -- the caller sends at most ENQUEUE_CHUNK (200) envelopes a call
-if not routed or n > 1000 then
+if not routed or n < 1 or n > 1000 then
   return redis.error_reply('enqueue: ARGV must be the routing version, then per tenant its name, count, limit '
     .. 'and tier and count (id, endpoint, payload) triples, at most 1000 envelopes')
 end

@@ -28,7 +28,7 @@ if not present then
   dead_missing_lease(t, id, charged, elapsed, now, ep)
   return { 'DEAD', 0, 0, '' }
 end
-local m = redis.call('HMGET', ek, 'p', 'ep')
+local m = redis.call('HMGET', ek, 'p', 'ep', 'n')
 local a = redis.call('HINCRBY', ek, 'a', 1)
 dead = dead or a >= MAX_ATTEMPTS
 -- a retry under PerTenant ordering keeps the tenant's only slot; under
@@ -42,7 +42,7 @@ else
   change = breaker_record(t, m[2], broken, bw, now)
 end
 if dead then
-  dead_letter(t, id, a, cause, now, m[1], m[2])
+  dead_letter(t, id, a, cause, now, m[1], m[2], m[3])
   return { 'DEAD', a, 0, change }
 end
 local due = paced or now + delay

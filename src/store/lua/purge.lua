@@ -36,13 +36,13 @@ end
 -- item, any other from its record (deleted below)
 local recs, bare = {}, {}
 for i, item in ipairs(ids) do
-  local id, seq, _, ep, payload = parse_item(item)
+  local id, seq, at, ep, payload = parse_item(item)
   ids[i] = id
   if seq then
-    recs[i] = { payload, '0', ep }
+    recs[i] = { payload, '0', ep, at }
   else
     bare[i] = true
-    if mode == 'dead' then recs[i] = redis.call('HMGET', ekey(t, id), 'p', 'a', 'ep') end
+    if mode == 'dead' then recs[i] = redis.call('HMGET', ekey(t, id), 'p', 'a', 'ep', 'n') end
   end
 end
 -- writes
@@ -61,7 +61,7 @@ if n > 0 then
     if mode == 'dead' then
       local r = recs[i]
       redis.call('XADD', dlkey(t), '*', 'id', id, 'a', istr(num(r[2], 0)), 'c', 'purged', 'at', now,
-        'p', r[1] or '', 'ep', r[3] or '')
+        'p', r[1] or '', 'ep', r[3] or '', 'n', r[4] or '')
     end
     if bare[i] then redis.call('DEL', ekey(t, id)) end
   end

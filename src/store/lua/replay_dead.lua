@@ -12,7 +12,13 @@
 -- letter whose envelope is live again (the producer reused the id after the
 -- idempotency window) is left where it is. Every read comes before the
 -- first write, and nothing after it can fail, so a call does all of its
--- page or nothing.
+-- page or nothing. Live again means its record exists (a retry, an
+-- envelope of an older version) or, as an envelope stored whole has no
+-- record, that the id is claimed in an idempotency period after the one
+-- the letter's envelope was enqueued in (its `n`): only a later enqueue
+-- claims it there. A letter without `n` (an older version's) counts any
+-- claim from its death's period on. Such a letter is replayed once that
+-- claim has passed out of the window (at most two periods).
 -- Returns {'OK', replayed, next cursor ('' when the range is done), examined}
 -- or, when the tenant has moved to another queue, {'MOVED', queue} and
 -- nothing changes.
@@ -36,14 +42,30 @@ local from = (cursor == '-' or cursor == '') and '-' or ('(' .. cursor)
 if from == '-' and since then from = string.format('%d', since) end
 local to = upto and string.format('%d', upto) or '+'
 local entries = redis.call('XRANGE', k, from, to, 'COUNT', page)
-local take = {}
+local cand = {}
 for _, e in ipairs(entries) do
   local f = {}
   local kv = e[2]
   for i = 1, #kv, 2 do f[kv[i]] = kv[i + 1] end
   if f.id and (not want or want[f.id]) and (endpoint == '' or f.ep == endpoint) and f.p and f.p ~= ''
     and redis.call('EXISTS', ekey(t, f.id)) == 0 then
-    take[#take + 1] = { e[1], f }
+    cand[#cand + 1] = { e[1], f }
+  end
+end
+-- the candidates' claims in the two periods a claim can be in (see above),
+-- one lookup each for the page
+local take = {}
+if #cand > 0 then
+  local period = math.floor(now_ms() / 1000 / ID_TTL)
+  local ids = {}
+  for i, c in ipairs(cand) do ids[i] = c[2].id end
+  local prev = redis.call('SMISMEMBER', P .. ':ids:' .. (period - 1) .. ':' .. t, unpack(ids))
+  local cur = redis.call('SMISMEMBER', P .. ':ids:' .. period .. ':' .. t, unpack(ids))
+  for i, c in ipairs(cand) do
+    local f = c[2]
+    local enq = tonumber(f.n)
+    local p0 = enq and math.floor(enq / 1000 / ID_TTL) or (math.floor((tonumber(f.at) or 0) / 1000 / ID_TTL) - 1)
+    if not ((period - 1 > p0 and prev[i] == 1) or (period > p0 and cur[i] == 1)) then take[#take + 1] = c end
   end
 end
 local next_cursor = ''

@@ -336,6 +336,12 @@ pub async fn a_malformed_enqueue_fails_before_its_first_write(url: &str) {
     }
     let cases: Vec<Vec<&str>> = vec![
         vec!["soon", "t", "1", "0", "", "id-1", "main", "{}"],
+        // a routing version past the fence's comparison
+        vec!["nan", "t", "1", "0", "", "id-1", "main", "{}"],
+        vec!["-1", "t", "1", "0", "", "id-1", "main", "{}"],
+        vec!["1.5", "t", "1", "0", "", "id-1", "main", "{}"],
+        // no envelope at all
+        vec!["0"],
         vec!["0", "t", "0", "0", ""],
         vec!["0", "t", "1.5", "0", "", "id-1", "main", "{}"],
         vec!["0", "t", "inf", "0", "", "id-1", "main", "{}"],
@@ -368,4 +374,127 @@ pub async fn a_malformed_enqueue_fails_before_its_first_write(url: &str) {
         s.enqueue(Q, &named("t", "id-1")).await.unwrap(),
         lanekeeper::store::EnqueueOutcome::Queued { seq: 2 }
     );
+}
+
+/// A dead letter is not replayed while an envelope reusing its id is live
+/// (the producer sent the id again after the idempotency window), though
+/// that envelope, stored whole, has no record: replaying it then put two
+/// envelopes of one id in the queue, and the later one's retry wrote its
+/// body over the replayed one's record. It is replayed once the reuse's
+/// claim has left the window.
+pub async fn a_replay_waits_while_its_id_is_live_again(url: &str) {
+    let policy = QueuePolicy {
+        idempotency_window: Duration::from_secs(1),
+        ..QueuePolicy::default()
+    };
+    let s = store(url, policy).await;
+    let mut first = named("t", "x");
+    first.payload = serde_json::json!({ "v": 1 });
+    s.enqueue(Q, &first).await.unwrap();
+    let l = lease(&s, Q).await.unwrap();
+    s.nack(&l, Duration::ZERO, &Failure::dead("gave up"))
+        .await
+        .unwrap();
+    // the window passes; the producer reuses the id
+    tokio::time::sleep(Duration::from_millis(2_100)).await;
+    let mut again = named("t", "x");
+    again.payload = serde_json::json!({ "v": 2 });
+    assert!(matches!(
+        s.enqueue(Q, &again).await.unwrap(),
+        lanekeeper::store::EnqueueOutcome::Queued { .. }
+    ));
+    assert_eq!(
+        s.replay_dead(Q, "t", &[]).await.unwrap(),
+        Ok(0),
+        "replayed while live"
+    );
+    // the live one fails once and is delivered; nothing else comes
+    let l = lease(&s, Q).await.unwrap();
+    assert_eq!(l.envelope().unwrap().payload, serde_json::json!({ "v": 2 }));
+    s.nack(&l, Duration::ZERO, &Failure::retry("503", Duration::ZERO))
+        .await
+        .unwrap();
+    s.maintain(Q, 32).await.unwrap();
+    let l = lease(&s, Q).await.unwrap();
+    assert_eq!(l.envelope().unwrap().payload, serde_json::json!({ "v": 2 }));
+    assert!(s.ack(&l, Duration::from_millis(1)).await.unwrap());
+    assert!(lease(&s, Q).await.is_none());
+    // once the reuse's claim has left the window, the letter comes back whole
+    tokio::time::sleep(Duration::from_millis(2_100)).await;
+    assert_eq!(s.replay_dead(Q, "t", &[]).await.unwrap(), Ok(1));
+    let l = lease(&s, Q).await.unwrap();
+    assert_eq!(l.envelope().unwrap().payload, serde_json::json!({ "v": 1 }));
+    assert!(s.ack(&l, Duration::from_millis(1)).await.unwrap());
+    let st = s.tenant_state(Q, "t").await.unwrap();
+    assert_eq!((st.depth, st.in_flight, st.delayed), (0, 0, 0), "{st:?}");
+}
+
+/// A lease reads the breaker, the pause and the endpoint bucket of the
+/// envelope it has just taken off the lane, after its first write: a key of
+/// the wrong type there (written behind the scripts' back) used to fail the
+/// lease with the envelope off its lane and nowhere else. Each now reads as
+/// absent (a closed breaker, no pause, a full bucket) and the envelope is
+/// delivered.
+pub async fn foreign_gate_keys_fail_no_lease(url: &str) {
+    use lanekeeper::policy::{RateLimit, RateLimits};
+    let limited = QueuePolicy {
+        rate_limits: RateLimits {
+            default: Some(RateLimit {
+                per_second: 1_000.0,
+                burst: 1_000.0,
+                endpoint_per_second: 1_000.0,
+                endpoint_burst: 1_000.0,
+            }),
+            ..Default::default()
+        },
+        ..QueuePolicy::default()
+    };
+    let far = || {
+        let ms = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_millis();
+        (ms + 600_000).to_string()
+    };
+    for (case, policy) in [
+        ("breaker", QueuePolicy::default()),
+        ("pause", QueuePolicy::default()),
+        ("bucket", limited),
+    ] {
+        let s = store(url, policy).await;
+        let p = s.queue_prefix(Q);
+        s.enqueue(Q, &named("t", "g-1")).await.unwrap();
+        let tk = keys::tenant(&p, "t");
+        let setup: Vec<redis::Cmd> = match case {
+            "breaker" => vec![
+                redis::cmd("HSET").arg(&tk).arg("bw").arg(1).clone(),
+                redis::cmd("SET")
+                    .arg(format!("{p}:br:1:t:main"))
+                    .arg("x")
+                    .clone(),
+            ],
+            "pause" => vec![
+                redis::cmd("HSET").arg(&tk).arg("pz").arg(far()).clone(),
+                redis::cmd("SET")
+                    .arg(format!("{p}:pace:t"))
+                    .arg("x")
+                    .clone(),
+            ],
+            _ => vec![redis::cmd("HSET")
+                .arg(format!("{p}:rl:1:t:main"))
+                .arg("x")
+                .arg(1)
+                .clone()],
+        };
+        for cmd in setup {
+            raw(url, cmd).await;
+        }
+        let l = leased(
+            s.lease(Q, "w", LEASE)
+                .await
+                .unwrap_or_else(|e| panic!("{case}: {e}")),
+        );
+        assert_eq!(l.id, "g-1", "{case}");
+        assert!(s.ack(&l, Duration::from_millis(1)).await.is_ok(), "{case}");
+    }
 }
