@@ -37,7 +37,7 @@ use std::time::Duration;
 
 use common::{
     backlog, connect, enqueue_all, interleaved, raw_backlog, raw_connections, raw_pair,
-    run_batched, run_fair, unthrottled_limits, Q,
+    run_batched, run_fair, Q,
 };
 use lanekeeper::policy::QueuePolicy;
 use support::process;
@@ -211,7 +211,7 @@ fn main() {
         // rate limits checked at every lease (limits too high to throttle),
         // k = 1 at 1,000 tenants: the scheduler bench's rate_limited_vs_unlimited
         // in instructions, which do not move with the machine's load
-        let limited = unthrottled_limits();
+        let limited = support::buckets::unthrottled_limits();
         let (admin, clients) = backlog(&url, 1_000, &limited, OPS, CLIENTS).await;
         let limited_ir = cg.count("k1-1000-limited", run_fair(clients, OPS)).await as f64 / OPS as f64;
         admin.purge_set().await.unwrap();

@@ -46,7 +46,7 @@ use std::sync::Arc;
 use common::floor::{floor_deliveries, floor_enqueue};
 use common::{
     connect, enqueue_all, env, fair, fair_batched, fair_with, interleaved, measure, raw_backlog,
-    raw_connections, raw_pair, unthrottled_limits, Rate, CLIENTS, CYCLES,
+    raw_connections, raw_pair, Rate, CLIENTS, CYCLES,
 };
 use lanekeeper::envelope::Envelope;
 use lanekeeper::policy::{Isolation, QueuePolicy};
@@ -240,7 +240,7 @@ fn main() {
         // Rate limits: 10,000 tenants, each checked against its own bucket
         // and its endpoint's at every lease, none ever out of tokens;
         // interleaved with the same run unlimited, compared by medians.
-        let limited = unthrottled_limits();
+        let limited = support::buckets::unthrottled_limits();
         let (mut unlimited_runs, mut limited_runs) = (Vec::new(), Vec::new());
         for round in 1..=3 {
             let u = fair(&url, 10_000).await;

@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use lanekeeper::envelope::Envelope;
-use lanekeeper::policy::{QueuePolicy, RateLimit, RateLimits};
+use lanekeeper::policy::QueuePolicy;
 use lanekeeper::routing::QueueId;
 use lanekeeper::store::{ConnectOptions, LeaseOutcome, SetId, Store};
 
@@ -87,23 +87,6 @@ pub async fn measure<F: std::future::Future<Output = ()>>(url: &str, ops: u64, p
     Rate {
         per_s: ops as f64 / wall,
         redis_us: cpu * 1e6 / ops as f64,
-    }
-}
-
-/// A policy that checks every lease against a tenant and an endpoint
-/// bucket with limits too high to throttle: what checking costs.
-pub fn unthrottled_limits() -> QueuePolicy {
-    QueuePolicy {
-        rate_limits: RateLimits {
-            default: Some(RateLimit {
-                per_second: 1_000_000.0,
-                burst: 1_000_000.0,
-                endpoint_per_second: 1_000_000.0,
-                endpoint_burst: 1_000_000.0,
-            }),
-            ..Default::default()
-        },
-        ..QueuePolicy::default()
     }
 }
 

@@ -164,9 +164,10 @@ end
 -- Due retries and expired leases are handled here at most every 100 ms while
 -- the queue is busy (workers also call `maintain` on a timer), and always
 -- before answering EMPTY, so an idle queue recovers at once.
--- With `batch` (see lease_batch.lua: {pending, bodies, token, at, want, out}), the
--- lease goes to `batch.pending` (and the body of an envelope stored whole
--- to `batch.bodies`), for leases_flush, instead of into P:leases at once, its token is `batch.token` followed by '.' and its
+-- With `batch` (see lease_batch.lua: {pending, bodies, token, at, want,
+-- out}), the lease goes to `batch.pending` (and the body of an envelope
+-- stored whole to `batch.bodies`), for leases_flush, instead of into
+-- P:leases at once, its token is `batch.token` followed by '.' and its
 -- place in the batch (`at`), and a tenant that would stay at the ring's
 -- head lease after lease is served a run of up to `want` envelopes in this
 -- one step (see run_length): one LEASED reply (10 items) per envelope is

@@ -37,13 +37,15 @@ local routed = tonumber(ARGV[1])
 -- a version is a whole number from 0 (nan, inf or a fraction would pass
 -- the fence's comparison unchecked)
 if routed and (routed ~= routed or routed < 0 or routed % 1 ~= 0 or routed >= 2 ^ 53) then routed = nil end
-local gpos, n, at = {}, 0, 2
+-- each group's place in ARGV (its tenant's) and its last envelope's id's
+local gpos, glast, n, at = {}, {}, 0, 2
 while routed and at <= #ARGV do
   local count = tonumber(ARGV[at + 1])
   if not count or count < 1 or count % 1 ~= 0 or at + 3 + 3 * count > #ARGV then
     routed = nil
   else
     gpos[#gpos + 1] = at
+    glast[#gpos] = at + 1 + 3 * count
     n = n + count
     at = at + 4 + 3 * count
   end
@@ -92,7 +94,7 @@ for g, i in ipairs(gpos) do
       full[g] = true
     else
       local ids = ts.ids
-      for b = i + 4, i + 3 + 3 * tonumber(ARGV[i + 1]), 3 do ids[#ids + 1] = ARGV[b] end
+      for b = i + 4, glast[g], 3 do ids[#ids + 1] = ARGV[b] end
     end
   end
 end
@@ -139,7 +141,7 @@ local big = seq0 + n >= 1e14
 local codes, out, k = {}, { seq0, false }, 0
 for g, i in ipairs(gpos) do
   local ts = tenants[ARGV[i]]
-  for b = i + 4, i + 3 + 3 * tonumber(ARGV[i + 1]), 3 do
+  for b = i + 4, glast[g], 3 do
     k = k + 1
     local id = ARGV[b]
     if ts.moved ~= '' then

@@ -43,6 +43,23 @@ pub fn op() -> impl Strategy<Value = Op> {
 
 /// t0: 2 per second, burst 2; t1: 1 per second to each endpoint, burst 1;
 /// t2: unlimited (a tenant with no entry and no default).
+/// A policy that checks every lease against a tenant and an endpoint
+/// bucket with limits too high to throttle: what checking costs.
+pub fn unthrottled_limits() -> QueuePolicy {
+    QueuePolicy {
+        rate_limits: RateLimits {
+            default: Some(RateLimit {
+                per_second: 1_000_000.0,
+                burst: 1_000_000.0,
+                endpoint_per_second: 1_000_000.0,
+                endpoint_burst: 1_000_000.0,
+            }),
+            ..Default::default()
+        },
+        ..QueuePolicy::default()
+    }
+}
+
 fn limits() -> RateLimits {
     RateLimits {
         default: None,

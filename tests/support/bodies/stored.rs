@@ -44,20 +44,17 @@ async fn leased_fields<C: ConnectionLike + Send>(
         .collect()
 }
 
-/// A whole item's parts: id, endpoint, seq, enqueued ms, payload.
-fn parts(item: &[u8]) -> Option<Vec<Vec<u8>>> {
-    matches!(keys::lane_item(item), LaneItem::Whole { .. }).then(|| {
-        item[1..]
-            .splitn(5, |&b| b == b'\n')
-            .map(<[u8]>::to_vec)
-            .collect()
-    })
-}
-
-fn whole(p: &[Vec<u8>]) -> Vec<u8> {
-    let mut item = vec![1u8];
-    item.extend(p.join(&b'\n'));
-    item
+/// Whole item `item` with its payload replaced by `payload` (None when
+/// it is not a whole item).
+fn with_payload(item: &[u8], payload: &str) -> Option<Vec<u8>> {
+    match keys::lane_item(item) {
+        LaneItem::Whole { payload: old, .. } => {
+            let mut out = item[..item.len() - old.len()].to_vec();
+            out.extend_from_slice(payload.as_bytes());
+            Some(out)
+        }
+        LaneItem::Bare(_) => None,
+    }
 }
 
 /// Where envelope `id` of `tenant` is stored whole: each list, index and
@@ -79,49 +76,6 @@ async fn whole_items<C: ConnectionLike + Send>(
         }
     }
     out
-}
-
-/// Rewrite envelope `id` of `tenant` wherever it is kept: `whole` maps a
-/// whole item to its replacement, `record` is run on its record key when
-/// it has one.
-async fn rewrite<C: ConnectionLike + Send>(
-    conn: &mut C,
-    prefix: &str,
-    tenant: &str,
-    id: &str,
-    with: impl Fn(Vec<Vec<u8>>) -> Vec<u8>,
-    record: redis::Cmd,
-) {
-    for (list, i, item) in whole_items(conn, prefix, tenant, id).await {
-        if let Some(p) = parts(&item) {
-            let _: () = query(conn, redis::cmd("LSET").arg(&list).arg(i).arg(with(p))).await;
-        }
-    }
-    for field in leased_fields(conn, prefix, tenant, id).await {
-        let leased: Option<Vec<u8>> = query(
-            conn,
-            redis::cmd("HGET").arg(keys::leased(prefix)).arg(&field),
-        )
-        .await;
-        if let Some(p) = leased.as_deref().and_then(parts) {
-            let _: () = query(
-                conn,
-                redis::cmd("HSET")
-                    .arg(keys::leased(prefix))
-                    .arg(&field)
-                    .arg(with(p)),
-            )
-            .await;
-        }
-    }
-    let exists: bool = query(
-        conn,
-        redis::cmd("EXISTS").arg(keys::envelope(prefix, tenant, id)),
-    )
-    .await;
-    if exists {
-        let _: redis::Value = query(conn, &record).await;
-    }
 }
 
 /// Envelope `id` of `tenant` loses its body wherever it is kept, as an
@@ -188,7 +142,8 @@ pub async fn to_record<C: ConnectionLike + Send>(
 }
 
 /// Overwrite the stored payload of envelope `id` of `tenant` wherever it is
-/// kept (a bug's or a hand edit's payload).
+/// kept (a bug's or a hand edit's payload): its whole items, its
+/// `P:leased` field, its record.
 pub async fn set_payload<C: ConnectionLike + Send>(
     conn: &mut C,
     prefix: &str,
@@ -196,16 +151,31 @@ pub async fn set_payload<C: ConnectionLike + Send>(
     id: &str,
     payload: &str,
 ) {
-    let record = redis::cmd("HSET")
-        .arg(keys::envelope(prefix, tenant, id))
-        .arg("p")
-        .arg(payload)
-        .clone();
-    let with = |mut p: Vec<Vec<u8>>| {
-        p[4] = payload.as_bytes().to_vec();
-        whole(&p)
-    };
-    rewrite(conn, prefix, tenant, id, with, record).await;
+    for (list, i, item) in whole_items(conn, prefix, tenant, id).await {
+        if let Some(new) = with_payload(&item, payload) {
+            let _: () = query(conn, redis::cmd("LSET").arg(&list).arg(i).arg(new)).await;
+        }
+    }
+    for field in leased_fields(conn, prefix, tenant, id).await {
+        let leased: Option<Vec<u8>> = query(
+            conn,
+            redis::cmd("HGET").arg(keys::leased(prefix)).arg(&field),
+        )
+        .await;
+        if let Some(new) = leased.and_then(|item| with_payload(&item, payload)) {
+            let set = redis::cmd("HSET")
+                .arg(keys::leased(prefix))
+                .arg(&field)
+                .arg(new)
+                .clone();
+            let _: () = query(conn, &set).await;
+        }
+    }
+    let record = keys::envelope(prefix, tenant, id);
+    let exists: bool = query(conn, redis::cmd("EXISTS").arg(&record)).await;
+    if exists {
+        let _: () = query(conn, redis::cmd("HSET").arg(&record).arg("p").arg(payload)).await;
+    }
 }
 
 /// Whether anything of envelope `id` of `tenant` is still kept as a body

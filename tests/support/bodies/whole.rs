@@ -436,19 +436,7 @@ pub async fn a_replay_waits_while_its_id_is_live_again(url: &str) {
 /// absent (a closed breaker, no pause, a full bucket) and the envelope is
 /// delivered.
 pub async fn foreign_gate_keys_fail_no_lease(url: &str) {
-    use lanekeeper::policy::{RateLimit, RateLimits};
-    let limited = QueuePolicy {
-        rate_limits: RateLimits {
-            default: Some(RateLimit {
-                per_second: 1_000.0,
-                burst: 1_000.0,
-                endpoint_per_second: 1_000.0,
-                endpoint_burst: 1_000.0,
-            }),
-            ..Default::default()
-        },
-        ..QueuePolicy::default()
-    };
+    let limited = super::buckets::unthrottled_limits();
     let far = || {
         let ms = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
