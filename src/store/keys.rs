@@ -238,6 +238,18 @@ pub fn lane_item(item: &[u8]) -> LaneItem<'_> {
     }
 }
 
+/// The envelope id and tenant lease `member` names: a lease is
+/// `"<charge>\n<at>\n<id>\n<tenant>\n<token>"` (see `lease_member` in
+/// common.lua; under endpoint isolation `"\n<endpoint>"` follows). None when
+/// it is not one.
+pub fn lease_names(member: &[u8]) -> Option<(&[u8], &[u8])> {
+    let mut parts = member.splitn(5, |&b| b == b'\n');
+    let (_charge, _at) = (parts.next()?, parts.next()?);
+    let (id, tenant) = (parts.next()?, parts.next()?);
+    parts.next()?;
+    Some((id, tenant))
+}
+
 /// The body of each in-flight envelope that was leased while stored whole
 /// (`P:leased`, a hash: its lease, as in `P:leases` -> its lane item).
 pub fn leased(prefix: &str) -> String {

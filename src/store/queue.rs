@@ -418,7 +418,7 @@ impl Store {
             n_s.as_bytes(),
         ];
         for ((lease, _), us) in done.iter().zip(&us) {
-            args.extend([lease.id.as_bytes(), lease.token.as_bytes(), us.as_bytes()]);
+            args.extend([lease.token.as_bytes(), us.as_bytes()]);
         }
         let v = self.run(Func::LeaseBatch, q, &args).await?;
         lease_batch_reply(q, v, done.len(), k)

@@ -328,24 +328,10 @@ pub use crate::policy::TenantStats;
 pub(super) fn parse_lease(q: QueueId, items: &[Value]) -> Result<LeaseOutcome> {
     match tag(items).as_deref() {
         Some("LEASED") if items.len() == 10 => {
-            let whole = match (&items[3], &items[5]) {
-                (Value::BulkString(item), Value::Nil) => match super::keys::lane_item(item) {
-                    super::keys::LaneItem::Whole {
-                        seq,
-                        enqueued_ms,
-                        payload,
-                        ..
-                    } => Some((
-                        String::from_utf8_lossy(payload).into_owned(),
-                        seq,
-                        enqueued_ms,
-                    )),
-                    super::keys::LaneItem::Bare(_) => None,
-                },
-                _ => None,
+            let (payload, seq, enqueued_ms) = match (&items[3], &items[5]) {
+                (Value::BulkString(item), Value::Nil) => whole_item(item),
+                _ => (string(&items[3]), int(&items[5]), int(&items[8])),
             };
-            let (payload, seq, enqueued_ms) =
-                whole.unwrap_or_else(|| (string(&items[3]), int(&items[5]), int(&items[8])));
             Ok(LeaseOutcome::Leased(Lease {
                 queue: q,
                 id: string(&items[1]),
@@ -364,6 +350,26 @@ pub(super) fn parse_lease(q: QueueId, items: &[Value]) -> Result<LeaseOutcome> {
         }),
         Some("AGAIN") => Ok(LeaseOutcome::Again),
         _ => Err(unexpected("lease", items)),
+    }
+}
+
+/// The payload, seq and enqueue time of an envelope leased while stored
+/// whole, read from its lane item; one that does not parse is handed on
+/// whole as a payload that does not decode (the worker dead-letters it with
+/// its bytes).
+fn whole_item(item: &[u8]) -> (String, u64, u64) {
+    match super::keys::lane_item(item) {
+        super::keys::LaneItem::Whole {
+            seq,
+            enqueued_ms,
+            payload,
+            ..
+        } => (
+            String::from_utf8_lossy(payload).into_owned(),
+            seq,
+            enqueued_ms,
+        ),
+        super::keys::LaneItem::Bare(raw) => (String::from_utf8_lossy(raw).into_owned(), 0, 0),
     }
 }
 
@@ -451,40 +457,46 @@ pub(super) fn ack_lease_reply(q: QueueId, v: Value) -> Result<(Acked, LeaseOutco
     }
 }
 
-/// lease_batch.lua, one flat array: `n`, then `n` `{status, change}` pairs;
-/// `m` (at most `k`), then `m` LEASED replies of 10 items; then the answer
-/// that stopped the batch short (`EMPTY`, wait or `AGAIN`; nothing when it
-/// did not).
+/// lease_batch.lua, one flat array: `n`; the acks' statuses, a letter each
+/// (`O` acked, `S` stale); Nil, or the `n` breaker changes; `m` (at most
+/// `k`); the leases' deadline; then three items per lease: the lease (which
+/// names the envelope's id and tenant), the payload (an envelope stored
+/// whole: its lane item), and Nil (stored whole, no breaker change) or
+/// `{attempts, seq, enqueued ms, change}`; then the answer that stopped the
+/// batch short (`EMPTY`, wait or `AGAIN`; nothing when it did not).
 pub(super) fn lease_batch_reply(q: QueueId, v: Value, n: usize, k: usize) -> Result<LeaseBatch> {
-    const LEASED: usize = 10;
+    const LEASED: usize = 3;
     let items = array("lease_batch", v)?;
     let bad = |items: &[Value]| unexpected("lease_batch", items);
-    if items.first().map(int) != Some(n as u64) || items.len() < 2 + 2 * n {
+    if items.len() < 5 || items.first().map(int) != Some(n as u64) {
         return Err(bad(&items));
     }
-    let acked = items[1..1 + 2 * n]
-        .chunks(2)
-        .map(|pair| Acked {
-            acked: string(&pair[0]) == "OK",
-            breaker: BreakerChange::parse(Some(&pair[1])),
+    let codes = bytes(&items[1]);
+    let changes = match &items[2] {
+        Value::Nil => None,
+        Value::Array(c) if c.len() == n => Some(c),
+        _ => return Err(bad(&items)),
+    };
+    if codes.len() != n {
+        return Err(bad(&items));
+    }
+    let acked = codes
+        .iter()
+        .enumerate()
+        .map(|(i, &c)| Acked {
+            acked: c == b'O',
+            breaker: changes.and_then(|c| BreakerChange::parse(c.get(i))),
         })
         .collect();
-    let m = int(&items[1 + 2 * n]) as usize;
-    let leases_at = 2 + 2 * n;
+    let m = int(&items[3]) as usize;
+    let deadline_ms = int(&items[4]);
+    let leases_at = 5;
     if m > k || items.len() < leases_at + LEASED * m {
         return Err(bad(&items));
     }
     let mut leased = Vec::with_capacity(m);
     for chunk in items[leases_at..leases_at + LEASED * m].chunks(LEASED) {
-        match parse_lease(q, chunk)? {
-            LeaseOutcome::Leased(lease) => leased.push(lease),
-            other => {
-                return Err(StoreError::Protocol {
-                    script: "lease_batch",
-                    detail: format!("a lease in the batch answered {other:?}"),
-                })
-            }
-        }
+        leased.push(batch_lease(q, chunk, deadline_ms).ok_or_else(|| bad(&items))?);
     }
     let tail = &items[leases_at + LEASED * m..];
     let short = if tail.is_empty() {
@@ -496,6 +508,49 @@ pub(super) fn lease_batch_reply(q: QueueId, v: Value, n: usize, k: usize) -> Res
         acked,
         leased,
         short,
+    })
+}
+
+/// One lease of a batch (see [`lease_batch_reply`]): `[lease, payload, extra]`.
+fn batch_lease(q: QueueId, items: &[Value], deadline_ms: u64) -> Option<Lease> {
+    let Value::BulkString(member) = &items[0] else {
+        return None;
+    };
+    let (id, tenant) = super::keys::lease_names(member)?;
+    let (payload, attempts, seq, enqueued_ms, breaker) = match (&items[1], &items[2]) {
+        (Value::BulkString(item), Value::Nil) => {
+            let (payload, seq, enqueued_ms) = whole_item(item);
+            (payload, 0, seq, enqueued_ms, None)
+        }
+        (body, Value::Array(x)) if x.len() == 4 => {
+            let change = BreakerChange::parse(x.get(3));
+            match (body, &x[1]) {
+                (Value::BulkString(item), Value::Nil) => {
+                    let (payload, seq, enqueued_ms) = whole_item(item);
+                    (payload, 0, seq, enqueued_ms, change)
+                }
+                _ => (
+                    string(body),
+                    int(&x[0]) as u32,
+                    int(&x[1]),
+                    int(&x[2]),
+                    change,
+                ),
+            }
+        }
+        _ => return None,
+    };
+    Some(Lease {
+        queue: q,
+        id: String::from_utf8_lossy(id).into_owned(),
+        tenant: String::from_utf8_lossy(tenant).into_owned(),
+        payload,
+        attempts,
+        seq,
+        token: String::from_utf8_lossy(member).into_owned(),
+        deadline_ms,
+        enqueued_ms,
+        breaker,
     })
 }
 

@@ -170,10 +170,12 @@ end
 -- P:leases at once, its token is `batch.token` followed by '.' and its
 -- place in the batch (`at`), and a tenant that would stay at the ring's
 -- head lease after lease is served a run of up to `want` envelopes in this
--- one step (see run_length): one LEASED reply (10 items) per envelope is
--- appended to `batch.out` (the batch's own answer: nothing to copy), which
--- is what is returned, with the steps (one per lease, as single calls
--- would count) and, third, how many envelopes were leased.
+-- one step (see run_length): three items per envelope (lease, payload or
+-- item, and false or {attempts, seq, enqueued ms, breaker change}: see
+-- lease_batch.lua) are appended to `batch.out` (the batch's own answer:
+-- nothing to copy), which is what is returned, with the steps (one per
+-- lease, as single calls would count) and, third, how many envelopes were
+-- leased.
 local function lease_next(lease_ms, token, budget, now, batch)
   local pending, bodies = batch and batch.pending, batch and batch.bodies
   local maintained = false
@@ -380,9 +382,20 @@ local function lease_next(lease_ms, token, budget, now, batch)
             if whole then keep_bodies({ member, whole }) end
           end
           m = j
-          local o = base + 10 * (j - 1)
-          out[o + 1] = 'LEASED'; out[o + 2] = jid; out[o + 3] = t; out[o + 4] = env[1]; out[o + 5] = env[2]
-          out[o + 6] = env[3]; out[o + 7] = member; out[o + 8] = deadline; out[o + 9] = env[4]; out[o + 10] = change
+          if batch then
+            -- three items (see lease_batch.lua): the lease names the id and
+            -- tenant, and an item stored whole the rest
+            local o = base + 3 * (j - 1)
+            out[o + 1] = member; out[o + 2] = env[1]
+            if whole and change == '' then
+              out[o + 3] = false
+            else
+              out[o + 3] = { env[2], env[3], env[4], change }
+            end
+          else
+            out[1] = 'LEASED'; out[2] = jid; out[3] = t; out[4] = env[1]; out[5] = env[2]
+            out[6] = env[3]; out[7] = member; out[8] = deadline; out[9] = env[4]; out[10] = change
+          end
         end
         d = d - e
         f = f + 1
@@ -428,21 +441,22 @@ local function ack_one(id, lease, elapsed, now, dels, held)
   return 'OK', change
 end
 
--- Acknowledge a batch's deliveries (lease_batch.lua): `ids[i]`, `members[i]`,
--- `elapsed[i]` for each; writes each one's status and breaker change (as
--- ack_one answers them) to out[2i] and out[2i + 1], and adds the
--- leases acked to `dels`. Each tenant's state is read and written once, however
--- many of its deliveries the batch acks, with what settle would have
--- written after each in turn, and tenants parked at their cap rejoin the
--- ring in the order single acks would put them there. Under endpoint
--- isolation, or when a tenant of the batch has breakers in use, it goes
--- one ack at a time (ack_one): endpoint slots and breaker records move
--- tenants on the ring between acks.
-local function ack_batch(ids, members, elapsed, now, out, dels)
-  local held = end_leases(ids, members)
-  local n = #ids
+-- Acknowledge a batch's deliveries (lease_batch.lua): `members[i]` (the
+-- lease, which names its envelope) and `elapsed[i]` for each; writes each
+-- one's status to codes[i] ('O' acked, 'S' stale: ack_one's 'OK' and
+-- 'STALE') and its breaker change to changes[i], and adds the leases acked
+-- to `dels`. Returns whether any change is not ''. Each tenant's state is
+-- read and written once, however many of its deliveries the batch acks,
+-- with what settle would have written after each in turn, and tenants
+-- parked at their cap rejoin the ring in the order single acks would put
+-- them there. Under endpoint isolation, or when a tenant of the batch has
+-- breakers in use, it goes one ack at a time (ack_one): endpoint slots and
+-- breaker records move tenants on the ring between acks.
+local function ack_batch(members, elapsed, now, codes, changes, dels)
+  local held = end_leases(members)
+  local n = #members
   for i = 1, n do
-    out[2 * i] = 'STALE'; out[2 * i + 1] = ''
+    codes[i] = 'S'; changes[i] = ''
   end
   -- the tenants acked, in the order of their first ack, and their acks
   local order, acks = {}, {}
@@ -470,10 +484,17 @@ local function ack_batch(ids, members, elapsed, now, out, dels)
     end
   end
   if one_by_one then
+    local changed = false
     for i = 1, n do
-      out[2 * i], out[2 * i + 1] = ack_one(ids[i], members[i], elapsed[i], now, dels, held[i] or false)
+      if held[i] then
+        local id = select(3, parse_lease(members[i]))
+        local status, change = ack_one(id, members[i], elapsed[i], now, dels, held[i])
+        codes[i] = status == 'OK' and 'O' or 'S'
+        changes[i] = change
+        if change ~= '' then changed = true end
+      end
     end
-    return
+    return changed
   end
   -- {ack, tenant}: where each parked tenant's rejoin falls among the acks
   local rejoins = {}
@@ -496,7 +517,7 @@ local function ack_batch(ids, members, elapsed, now, out, dels)
       end
       local u = math.floor(actual + 0.5)
       if u > 0 then us = us + u end
-      out[2 * i] = 'OK'
+      codes[i] = 'O'
       dels[#dels + 1] = members[i]
     end
     local set = { 'e', e, 'd', d, 'f', istr(f), 'ok', ok, 'n', depth }
@@ -513,4 +534,5 @@ local function ack_batch(ids, members, elapsed, now, out, dels)
   end
   table.sort(rejoins, function(x, y) return x[1] < y[1] end)
   for _, r in ipairs(rejoins) do push_active(r[2], false) end
+  return false
 end

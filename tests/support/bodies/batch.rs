@@ -389,8 +389,8 @@ pub async fn weights_hold_in_batches(url: &str) {
 
 /// A hostile batch settles nothing it should not: a lease named twice in
 /// one call is acked once (the tenant's in-flight count and delivered
-/// count move by one); another tenant's lease under this id, or a lease
-/// made up, is STALE; and a call with too many, or malformed, arguments
+/// count move by one); a lease rewritten to name another tenant, or a
+/// lease made up, is STALE; and a call with too many, or malformed, arguments
 /// fails before its first write (the acks it carried are not made).
 pub async fn a_hostile_batch_settles_nothing_twice(url: &str) {
     let s = store(url, QueuePolicy::default()).await;
@@ -405,9 +405,15 @@ pub async fn a_hostile_batch_settles_nothing_twice(url: &str) {
         .find(|x| x.tenant != l.tenant)
         .unwrap()
         .clone();
-    // the same lease twice, and one with its id swapped for another's
-    let mut forged = other.clone();
-    forged.id = l.id.clone();
+    // the same lease twice, and one rewritten to name the other tenant
+    // (an ack carries its lease alone: the lease names the envelope)
+    let mut forged = l.clone();
+    forged.token = l.token.replacen(
+        &format!("\n{}\n", l.tenant),
+        &format!("\n{}\n", other.tenant),
+        1,
+    );
+    assert_ne!(forged.token, l.token);
     let mut made_up = l.clone();
     made_up.token = format!("1\n1\n{}\n{}\nnobody", l.id, l.tenant);
     let d = Duration::from_millis(5);
@@ -467,11 +473,11 @@ pub async fn a_hostile_batch_settles_nothing_twice(url: &str) {
     };
     let token = held.token.clone();
     for (k, n, extra) in [
-        ("65", "1", vec![held.id.as_str(), token.as_str(), "5000"]),
-        ("1", "1", vec![held.id.as_str(), token.as_str(), "soon"]),
-        ("1", "2", vec![held.id.as_str(), token.as_str(), "5000"]),
-        ("-1", "1", vec![held.id.as_str(), token.as_str(), "5000"]),
-        ("1.5", "1", vec![held.id.as_str(), token.as_str(), "5000"]),
+        ("65", "1", vec![token.as_str(), "5000"]),
+        ("1", "1", vec![token.as_str(), "soon"]),
+        ("1", "2", vec![token.as_str(), "5000"]),
+        ("-1", "1", vec![token.as_str(), "5000"]),
+        ("1.5", "1", vec![token.as_str(), "5000"]),
     ] {
         let v = super::dataplane::raw_result(url, fcall(k, n, &extra)).await;
         let err = v.expect_err("a malformed batch is an error");
@@ -530,15 +536,15 @@ pub async fn a_malformed_call_fails_before_its_first_write(url: &str) {
             ("lease", vec!["60000", "t3", bad]),
             (
                 "lease_batch",
-                vec!["60000", "t4", "256", "1", "1", id, token, bad],
+                vec!["60000", "t4", "256", "1", "1", token, bad],
             ),
             (
                 "lease_batch",
-                vec![bad, "t4", "256", "1", "1", id, token, "5000"],
+                vec![bad, "t4", "256", "1", "1", token, "5000"],
             ),
             (
                 "lease_batch",
-                vec!["60000", "t4", bad, "1", "1", id, token, "5000"],
+                vec!["60000", "t4", bad, "1", "1", token, "5000"],
             ),
         ];
         for (name, args) in calls {
