@@ -860,13 +860,17 @@ local function spend_endpoint(k, level, lim, now)
   redis.call('SET', k, string.format('%d:%d', left, now), 'PX', string.format('%d', px))
 end
 
+-- Wake idle workers for tenant `t`: each message rouses one idle task of
+-- each worker (workers call notify_one per message).
+local function wake(t)
+  redis.call('PUBLISH', P .. ':wake', t)
+end
 -- Put a tenant on the ring, at the head (a fresh turn) or the tail. Every
--- activation publishes: each wake-up rouses one idle worker task (workers
--- call notify_one per message), so one per tenant made active brings as
--- many idle tasks as there is new work.
+-- activation publishes, so one per tenant made active brings as many idle
+-- tasks as there is new work (a batch's acks publish once: see ack_batch).
 local function push_active(t, front)
   redis.call(front and 'LPUSH' or 'RPUSH', RING, t)
-  redis.call('PUBLISH', P .. ':wake', t)
+  wake(t)
 end
 
 -- Put a tenant with queued work at the tail of the ring, unless it is on

@@ -1,7 +1,7 @@
 -- Helpers (common.lua): istr, num, ms_text, lease_member, parse_lease, end_lease, end_leases, tkey, lane,
 --   eplane, ezkey, has_ready, ekey, adopt, item_id, item_record, leased_endpoint, forget_bodies, quantum,
 --   cap_of, ep_cap, block_of, ep_after, limit_of, bucket_level, token_due, endpoint_gate, spend_endpoint,
---   push_active, breaker_gate, breaker_record, unblock_due, paced_until, pace_clear, estimate_after, settle,
+--   wake, breaker_gate, breaker_record, unblock_due, paced_until, pace_clear, estimate_after, settle,
 --   dead_letter, delayed_member, promote_due, reap
 -- Lease and ack, shared by the lease, ack and ack_lease scripts.
 
@@ -532,7 +532,14 @@ local function ack_batch(members, elapsed, now, codes, changes, dels)
     redis.call('HSET', tkey(t), unpack(set))
     if us > 0 then ATTR[t] = (ATTR[t] or 0) + us end
   end
-  table.sort(rejoins, function(x, y) return x[1] < y[1] end)
-  for _, r in ipairs(rejoins) do push_active(r[2], false) end
+  -- to the ring's tail in one call, in the order single acks would put
+  -- them there, and one wake-up for them all (push_active makes one each):
+  -- the caller leases in this same call, and a woken worker leases a batch
+  if #rejoins > 0 then
+    table.sort(rejoins, function(x, y) return x[1] < y[1] end)
+    for i, r in ipairs(rejoins) do rejoins[i] = r[2] end
+    redis.call('RPUSH', RING, unpack(rejoins))
+    wake(rejoins[1])
+  end
   return false
 end
