@@ -297,6 +297,22 @@ mod tests {
     use super::*;
 
     #[test]
+    fn a_lease_names_its_envelope_and_tenant() {
+        assert_eq!(
+            lease_names(b"20000\n1700\nord-7\nacme\nw-1.3"),
+            Some((&b"ord-7"[..], &b"acme"[..]))
+        );
+        // under endpoint isolation the endpoint follows the token
+        assert_eq!(
+            lease_names(b"1\n2\nord-7\nacme\nw-1.3\nmain"),
+            Some((&b"ord-7"[..], &b"acme"[..]))
+        );
+        for not_one in [&b""[..], b"1\n2\nid", b"1\n2\nid\nacme", b"\n\n\n"] {
+            assert_eq!(lease_names(not_one), None, "{not_one:?}");
+        }
+    }
+
+    #[test]
     fn a_lane_item_is_an_envelope_whole_or_a_bare_id() {
         let item = b"\x01ord-7\nmain\n42\n1700000000000\n{\"a\":\"x\ny\x01\"}";
         assert_eq!(

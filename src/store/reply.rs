@@ -836,6 +836,183 @@ mod tests {
     }
 
     #[test]
+    fn a_batch_reply_names_each_lease_by_its_lease_and_reads_the_rest_from_its_item() {
+        let q = QueueId::Shard(0);
+        let lease = |id: &str| bulk(&format!("20000\n1700\n{id}\nacme\nw.1"));
+        let v = Value::Array(vec![
+            Value::Int(3),
+            bulk("OSO"),
+            Value::Nil,
+            Value::Int(3),
+            Value::Int(61_700),
+            // stored whole
+            lease("a-1"),
+            Value::BulkString(b"\x01a-1\nmain\n42\n1700\n{\"x\":1}".to_vec()),
+            Value::Nil,
+            // a record's (a retry), a probe of a half-open breaker
+            lease("a-2"),
+            bulk("{}"),
+            Value::Array(vec![bulk("2"), bulk("43"), bulk("1600"), bulk("half-open")]),
+            // stored whole, with a breaker change
+            lease("a-3"),
+            Value::BulkString(b"\x01a-3\nmain\n44\n1800\n{}".to_vec()),
+            Value::Array(vec![Value::Nil, Value::Nil, Value::Nil, bulk("half-open")]),
+            bulk("EMPTY"),
+            Value::Int(250),
+        ]);
+        let b = lease_batch_reply(q, v, 3, 4).unwrap();
+        assert_eq!(
+            b.acked.iter().map(|a| a.acked).collect::<Vec<_>>(),
+            [true, false, true]
+        );
+        assert!(b.acked.iter().all(|a| a.breaker.is_none()));
+        let got: Vec<_> = b
+            .leased
+            .iter()
+            .map(|l| {
+                (
+                    l.id.as_str(),
+                    l.tenant.as_str(),
+                    l.payload.as_str(),
+                    l.attempts,
+                    l.seq,
+                    l.enqueued_ms,
+                    l.deadline_ms,
+                    l.breaker,
+                )
+            })
+            .collect();
+        assert_eq!(
+            got,
+            [
+                ("a-1", "acme", "{\"x\":1}", 0, 42, 1700, 61_700, None),
+                (
+                    "a-2",
+                    "acme",
+                    "{}",
+                    2,
+                    43,
+                    1600,
+                    61_700,
+                    Some(BreakerChange::HalfOpen)
+                ),
+                (
+                    "a-3",
+                    "acme",
+                    "{}",
+                    0,
+                    44,
+                    1800,
+                    61_700,
+                    Some(BreakerChange::HalfOpen)
+                ),
+            ]
+        );
+        assert_eq!(b.leased[0].token, "20000\n1700\na-1\nacme\nw.1");
+        assert_eq!(
+            b.short,
+            Some(LeaseOutcome::Empty {
+                retry_after: Duration::from_millis(250)
+            })
+        );
+        // the acks' breaker changes, when one changed
+        let v = Value::Array(vec![
+            Value::Int(2),
+            bulk("OO"),
+            Value::Array(vec![bulk(""), bulk("closed")]),
+            Value::Int(0),
+            Value::Int(1),
+        ]);
+        let b = lease_batch_reply(q, v, 2, 1).unwrap();
+        assert_eq!(b.acked[1].breaker, Some(BreakerChange::Closed));
+        assert_eq!(b.acked[0].breaker, None);
+        assert!(b.leased.is_empty() && b.short.is_none());
+    }
+
+    #[test]
+    fn a_batch_reply_of_the_wrong_shape_is_a_protocol_error() {
+        let q = QueueId::Shard(0);
+        let ok_lease = || {
+            vec![
+                bulk("1\n2\nid\nt\nw.1"),
+                bulk("\x01id\nmain\n1\n2\n{}"),
+                Value::Nil,
+            ]
+        };
+        let head = |n: i64, codes: &str, m: i64| {
+            vec![
+                Value::Int(n),
+                bulk(codes),
+                Value::Nil,
+                Value::Int(m),
+                Value::Int(9),
+            ]
+        };
+        let with = |mut h: Vec<Value>, rest: Vec<Value>| {
+            h.extend(rest);
+            Value::Array(h)
+        };
+        for (what, v, n, k) in [
+            ("codes shorter than n", with(head(2, "O", 0), vec![]), 2, 1),
+            ("n not the acks sent", with(head(1, "O", 0), vec![]), 2, 1),
+            (
+                "more leases than asked",
+                with(head(0, "", 1), ok_lease()),
+                0,
+                0,
+            ),
+            (
+                "a lease cut short",
+                with(head(0, "", 1), ok_lease()[..2].to_vec()),
+                0,
+                1,
+            ),
+            (
+                "a lease that names nothing",
+                with(
+                    head(0, "", 1),
+                    vec![bulk("no-newlines"), bulk("{}"), Value::Nil],
+                ),
+                0,
+                1,
+            ),
+            (
+                "extra of the wrong shape",
+                with(
+                    head(0, "", 1),
+                    vec![bulk("1\n2\nid\nt\nw"), bulk("{}"), bulk("x")],
+                ),
+                0,
+                1,
+            ),
+            (
+                "changes of the wrong length",
+                {
+                    let mut h = head(2, "OO", 0);
+                    h[2] = Value::Array(vec![bulk("")]);
+                    Value::Array(h)
+                },
+                2,
+                1,
+            ),
+            (
+                "too short for its header",
+                Value::Array(vec![Value::Int(0), bulk("")]),
+                0,
+                1,
+            ),
+        ] {
+            assert!(
+                matches!(
+                    lease_batch_reply(q, v, n, k),
+                    Err(StoreError::Protocol { .. })
+                ),
+                "{what}"
+            );
+        }
+    }
+
+    #[test]
     fn an_enqueue_reply_of_the_wrong_length_fails_the_call_and_a_bad_code_its_envelope() {
         let v = Value::Array(vec![
             Value::Int(6),
