@@ -315,6 +315,21 @@ local function count_arg(s)
   return x
 end
 
+-- The lease length and token of a call that leases: the length a count_arg
+-- of at most 2^40 ms (34 years: a deadline past what a score and the reply's
+-- integer hold exactly would wrap, and the lease be reaped at once and its
+-- envelope handed to a second worker), the token without a newline (the
+-- lease's parts are separated by newlines: one in the token would be read as
+-- the endpoint under endpoint isolation, and free another endpoint's slot).
+-- Each nil when not so; a script checks them before its first write.
+local MAX_LEASE_MS = 2 ^ 40
+local function lease_args(ms, token)
+  local x = count_arg(ms)
+  if x and x > MAX_LEASE_MS then x = nil end
+  if string.find(token, '\n', 1, true) then token = nil end
+  return x, token
+end
+
 local function now_ms()
   if CLOCK then return CLOCK end
   local t = redis.call('TIME')

@@ -1,4 +1,4 @@
--- Helpers (common.lua): count_arg, now_ms, forget_bodies, attribute_gather, attribute_flush
+-- Helpers (common.lua): count_arg, lease_args, now_ms, forget_bodies, attribute_gather, attribute_flush
 -- Helpers (deliver.lua): leases_flush, lease_next, ack_batch
 -- ARGV: lease_ms, token, budget, k, n, then n pairs (lease, elapsed_us):
 -- acks the n deliveries, then leases up to k envelopes, each by its own turn
@@ -24,13 +24,14 @@
 -- (those of an envelope stored whole false); then the answer that stopped
 -- the batch short of k ('EMPTY', wait_ms or 'AGAIN'), nothing when k were
 -- leased.
-local lease_ms, token, budget = count_arg(ARGV[1]), ARGV[2], count_arg(ARGV[3])
+local lease_ms, token = lease_args(ARGV[1], ARGV[2])
+local budget = count_arg(ARGV[3])
 local k, n = tonumber(ARGV[4]), tonumber(ARGV[5])
 -- every check before the first write: a batch is at most 64 each way
-if not (lease_ms and budget and k and n) or k < 0 or k > 64 or k % 1 ~= 0 or n < 0 or n > 64
+if not (lease_ms and token and budget and k and n) or k < 0 or k > 64 or k % 1 ~= 0 or n < 0 or n > 64
     or n % 1 ~= 0 or #ARGV ~= 5 + 2 * n then
-  return redis.error_reply('lease_batch: lease_ms and budget must be finite numbers from 0 up, k and n whole numbers '
-    .. 'from 0 to 64, with 2 arguments per ack')
+  return redis.error_reply('lease_batch: lease_ms must be a number from 0 to 2^40, budget a finite number from 0 '
+    .. 'up, the token hold no newline, k and n be whole numbers from 0 to 64, with 2 arguments per ack')
 end
 local members, elapsed = {}, {}
 for i = 1, n do

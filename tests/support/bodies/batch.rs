@@ -495,7 +495,8 @@ pub async fn a_hostile_batch_settles_nothing_twice(url: &str) {
 /// lease out of P:leases and then failed on the elapsed time, so the
 /// envelope's slot was never freed and a proper ack found its lease gone;
 /// and `nan` or `inf`, which Lua's `tonumber` takes, were written into the
-/// tenant's estimate and credit.
+/// tenant's estimate and credit. A lease length past 2^40 ms and a token
+/// with a newline are refused the same way by the three scripts that lease.
 pub async fn a_malformed_call_fails_before_its_first_write(url: &str) {
     let s = store(url, QueuePolicy::default()).await;
     fill(&s, Q, "a", 4).await;
@@ -524,6 +525,27 @@ pub async fn a_malformed_call_fails_before_its_first_write(url: &str) {
         cmd
     };
     let (id, token) = (held.id.as_str(), held.token.as_str());
+    // a lease length past 2^40 ms (1e20 wrapped the deadline to -2^63: the
+    // next maintenance reaped the lease and handed its envelope to a second
+    // worker) and a token with a newline (under endpoint isolation its tail
+    // read as the lease's endpoint, whose slot the ack then freed)
+    let past_bounds: Vec<(&str, Vec<&str>)> = vec![
+        ("lease", vec!["1e20", "t3", "256"]),
+        ("lease", vec!["60000", "t3\nmain", "256"]),
+        ("ack_lease", vec![id, token, "5000", "1e20", "t2", "256"]),
+        (
+            "ack_lease",
+            vec![id, token, "5000", "60000", "t2\nmain", "256"],
+        ),
+        (
+            "lease_batch",
+            vec!["1e20", "t4", "256", "1", "1", token, "5000"],
+        ),
+        (
+            "lease_batch",
+            vec!["60000", "t4\nmain", "256", "1", "1", token, "5000"],
+        ),
+    ];
     for bad in ["soon", "nan", "inf", "-5"] {
         let calls: Vec<(&str, Vec<&str>)> = vec![
             ("ack", vec![id, token, bad]),
@@ -547,7 +569,7 @@ pub async fn a_malformed_call_fails_before_its_first_write(url: &str) {
                 vec!["60000", "t4", bad, "1", "1", token, "5000"],
             ),
         ];
-        for (name, args) in calls {
+        for (name, args) in calls.into_iter().chain(past_bounds.clone()) {
             let v = super::dataplane::raw_result(url, fcall(name, &args)).await;
             let err = v.expect_err(&format!("{name} {args:?} is an error"));
             assert!(err.contains(name), "{name}: {err}");
