@@ -345,11 +345,11 @@ local function lease_member(charged, at, id, t, token, ep)
   return m
 end
 
--- The parts of a lease: charged (us), at (ms, as stored), id, tenant, and
--- under endpoint isolation its endpoint (nil in a lease without one); nil
--- if it is not one. Plain finds, not a pattern: Lua's matcher steps a
--- character class through every byte, and a batch parses 64 leases.
-local function parse_lease(member)
+-- Where the first four newlines of lease `member` are (nil if it is not
+-- one), and under endpoint isolation its endpoint (nil in a lease without
+-- one). Plain finds, not a pattern: Lua's matcher steps a character class
+-- through every byte, and a batch parses 64 leases.
+local function lease_split(member)
   local a = string.find(member, '\n', 1, true)
   local b = a and string.find(member, '\n', a + 1, true)
   local c = b and string.find(member, '\n', b + 1, true)
@@ -360,6 +360,14 @@ local function parse_lease(member)
     local e = string.find(member, '\n', d + 1, true)
     if e then ep = string.sub(member, e + 1) end
   end
+  return a, b, c, d, ep
+end
+
+-- The parts of a lease: charged (us), at (ms, as stored), id, tenant, and
+-- under endpoint isolation its endpoint; nil if it is not one.
+local function parse_lease(member)
+  local a, b, c, d, ep = lease_split(member)
+  if not a then return nil end
   return num(string.sub(member, 1, a - 1), 0), string.sub(member, a + 1, b - 1), string.sub(member, b + 1, c - 1),
     string.sub(member, c + 1, d - 1), ep
 end
@@ -377,16 +385,8 @@ end
 -- `member`, what an ack needs of it: parse_lease without the two fields an
 -- ack does not read (each string.sub makes a string Lua hashes whole).
 local function lease_head(member)
-  local a = string.find(member, '\n', 1, true)
-  local b = a and string.find(member, '\n', a + 1, true)
-  local c = b and string.find(member, '\n', b + 1, true)
-  local d = c and string.find(member, '\n', c + 1, true)
-  if not d then return nil end
-  local ep = nil
-  if ISO_EP then
-    local e = string.find(member, '\n', d + 1, true)
-    if e then ep = string.sub(member, e + 1) end
-  end
+  local a, _, c, d, ep = lease_split(member)
+  if not a then return nil end
   return num(string.sub(member, 1, a - 1), 0), string.sub(member, c + 1, d - 1), ep
 end
 
