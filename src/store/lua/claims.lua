@@ -1,4 +1,4 @@
--- Helpers (common.lua): now_ms, tkey
+-- Helpers (common.lua): now_ms, tkey, claims_key, id_period
 -- The tenant's idempotency claims travel with it when it moves (see
 -- Store::mark_moved): a producer's retry of an id delivered before the move
 -- is still a duplicate after it. ARGV: op, tenant, then by op:
@@ -13,18 +13,17 @@
 -- most 1000, checked before any write.
 local op, t = ARGV[1], ARGV[2]
 if #ARGV > 1002 then return redis.error_reply('claims: at most 1000 ids per call') end
-local base = P .. ':ids:'
 local delta = P .. ':idsx:' .. t
 if op == 'begin' then
   redis.call('HSET', tkey(t), 'xc', 1)
-  local period = math.floor(now_ms() / 1000 / ID_TTL)
+  local period = id_period(now_ms())
   local out = {}
   for _, p in ipairs({ period, period - 1 }) do
-    if redis.call('EXISTS', base .. p .. ':' .. t) == 1 then out[#out + 1] = p end
+    if redis.call('EXISTS', claims_key(p, t)) == 1 then out[#out + 1] = p end
   end
   return out
 elseif op == 'scan' then
-  local r = redis.call('SSCAN', base .. ARGV[3] .. ':' .. t, ARGV[4], 'COUNT', math.min(tonumber(ARGV[5]) or 100, 1000))
+  local r = redis.call('SSCAN', claims_key(ARGV[3], t), ARGV[4], 'COUNT', math.min(tonumber(ARGV[5]) or 100, 1000))
   local out = { r[1] }
   for _, id in ipairs(r[2]) do out[#out + 1] = id end
   return out
@@ -35,14 +34,14 @@ elseif op == 'done' then
   return redis.call('SREM', delta, unpack(ARGV, 3))
 elseif op == 'import' then
   if #ARGV < 3 then return 0 end
-  local period = math.floor(now_ms() / 1000 / ID_TTL)
-  local cur = base .. period .. ':' .. t
+  local period = id_period(now_ms())
+  local cur = claims_key(period, t)
   local added = redis.call('SADD', cur, unpack(ARGV, 3))
   local tk = tkey(t)
   local last = tonumber(redis.call('HGET', tk, 'ip')) or -1
   if last < period then
     redis.call('EXPIRE', cur, 3 * ID_TTL, 'NX')
-    redis.call('UNLINK', base .. (period - 2) .. ':' .. t)
+    redis.call('UNLINK', claims_key(period - 2, t))
     redis.call('HSET', tk, 'ip', period, 'ia', last)
   end
   return added

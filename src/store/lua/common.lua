@@ -432,6 +432,10 @@ local function ezkey(t) return P .. ':ez:' .. t end
 local function epskey(t) return P .. ':eps:' .. t end
 -- Under endpoint isolation, what a move imported per endpoint (import.lua).
 local function importkey(t) return P .. ':isq:' .. t end
+-- Tenant `t`'s idempotency claims of period `period`, and the period of a
+-- time `ms`: ids are remembered in idttl-long periods (see claim_ids).
+local function claims_key(period, t) return P .. ':ids:' .. period .. ':' .. t end
+local function id_period(ms) return math.floor(ms / 1000 / ID_TTL) end
 
 -- Whether tenant `t` has work it may lease (what keeps it on the ring):
 -- a queued envelope, or under endpoint isolation a ready endpoint.
@@ -599,10 +603,9 @@ end
 local function claim_ids(t, ids, now, ip, ia, xc)
   local fresh = {}
   if #ids == 0 then return fresh end
-  local period = math.floor(now / 1000 / ID_TTL)
+  local period = id_period(now)
   local last, before = tonumber(ip) or -1, tonumber(ia) or -1
-  local base = P .. ':ids:'
-  local cur, prev = base .. period .. ':' .. t, base .. (period - 1) .. ':' .. t
+  local cur, prev = claims_key(period, t), claims_key(period - 1, t)
   local has_prev = last == period - 1 or (last == period and before == period - 1)
   local claim = {}
   if #ids == 1 and not has_prev then
@@ -626,7 +629,7 @@ local function claim_ids(t, ids, now, ip, ia, xc)
     if xc == '1' then redis.call('SADD', P .. ':idsx:' .. t, unpack(claim)) end
     if last < period then
       redis.call('EXPIRE', cur, 3 * ID_TTL, 'NX')
-      redis.call('UNLINK', base .. (period - 2) .. ':' .. t)
+      redis.call('UNLINK', claims_key(period - 2, t))
       redis.call('HSET', tkey(t), 'ip', period, 'ia', last)
     end
   end

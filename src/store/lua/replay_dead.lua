@@ -1,4 +1,4 @@
--- Helpers (common.lua): num, now_ms, tkey, hold, dlkey, ekey, lane_append, activate
+-- Helpers (common.lua): num, now_ms, tkey, hold, dlkey, claims_key, id_period, ekey, lane_append, activate
 -- ARGV: tenant, cursor, page, since, until, endpoint, then ids (none: every
 -- dead letter).
 -- Replays one page of the tenant's dead letters in this queue: it reads up
@@ -56,15 +56,15 @@ end
 -- one lookup each for the page
 local take = {}
 if #cand > 0 then
-  local period = math.floor(now_ms() / 1000 / ID_TTL)
+  local period = id_period(now_ms())
   local ids = {}
   for i, c in ipairs(cand) do ids[i] = c[2].id end
-  local prev = redis.call('SMISMEMBER', P .. ':ids:' .. (period - 1) .. ':' .. t, unpack(ids))
-  local cur = redis.call('SMISMEMBER', P .. ':ids:' .. period .. ':' .. t, unpack(ids))
+  local prev = redis.call('SMISMEMBER', claims_key(period - 1, t), unpack(ids))
+  local cur = redis.call('SMISMEMBER', claims_key(period, t), unpack(ids))
   for i, c in ipairs(cand) do
     local f = c[2]
     local enq = tonumber(f.n)
-    local p0 = enq and math.floor(enq / 1000 / ID_TTL) or (math.floor((tonumber(f.at) or 0) / 1000 / ID_TTL) - 1)
+    local p0 = enq and id_period(enq) or (id_period(tonumber(f.at) or 0) - 1)
     if not ((period - 1 > p0 and prev[i] == 1) or (period > p0 and cur[i] == 1)) then take[#take + 1] = c end
   end
 end

@@ -1,5 +1,5 @@
--- Helpers (common.lua): num, now_ms, tkey, lane, hold, dlkey, ezkey, epskey, importkey, limit_of,
---   bucket_level
+-- Helpers (common.lua): num, now_ms, tkey, lane, hold, dlkey, ezkey, epskey, importkey, claims_key,
+--   id_period, limit_of, bucket_level
 -- ARGV: count (SSCAN COUNT hint, 1 to 500). One bounded step of the sweep
 -- of idle tenants (policy `sweep`, seconds; 0: never): scans the next part
 -- of P:tenants from the cursor kept in P:conf (swc) and deletes the
@@ -45,7 +45,7 @@ if scan.err then
   scan = redis.call('SSCAN', P .. ':tenants', cursor, 'COUNT', count)
 end
 local nextc, members = scan[1], scan[2]
-local period = math.floor(now / 1000 / ID_TTL)
+local period = id_period(now)
 -- A counter or flag with nothing in it: absent or '0' (a value that is not
 -- a number is read as something, so hostile state keeps what it names).
 local function zero(v) return v == false or v == '0' end
@@ -100,15 +100,14 @@ if nextc == '0' then
   redis.call('HSET', conf, 'swn', now + math.min(math.max(math.floor(SWEEP_MS / 4), 1000), 3600000))
 end
 for _, t in ipairs(busy) do redis.call('HSET', tkey(t), 'la', now) end
-local base = P .. ':ids:'
 local names = {}
 for i, g in ipairs(gone) do
   local t = g[1]
   -- the state, the pace hash (expired), the empty dead-letter stream, the
   -- import marks and the stale claims, in one call
   local keys = { tkey(t), P .. ':pace:' .. t, dlkey(t), importkey(t) }
-  if g[2] then keys[#keys + 1] = base .. g[2] .. ':' .. t end
-  if g[3] then keys[#keys + 1] = base .. g[3] .. ':' .. t end
+  if g[2] then keys[#keys + 1] = claims_key(g[2], t) end
+  if g[3] then keys[#keys + 1] = claims_key(g[3], t) end
   redis.call('DEL', unpack(keys))
   names[#names + 1] = t
   if #names == 100 or i == #gone then
