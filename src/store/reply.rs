@@ -517,29 +517,22 @@ fn batch_lease(q: QueueId, items: &[Value], deadline_ms: u64) -> Option<Lease> {
         return None;
     };
     let (id, tenant) = super::keys::lease_names(member)?;
-    let (payload, attempts, seq, enqueued_ms, breaker) = match (&items[1], &items[2]) {
-        (Value::BulkString(item), Value::Nil) => {
-            let (payload, seq, enqueued_ms) = whole_item(item);
-            (payload, 0, seq, enqueued_ms, None)
-        }
-        (body, Value::Array(x)) if x.len() == 4 => {
-            let change = BreakerChange::parse(x.get(3));
-            match (body, &x[1]) {
-                (Value::BulkString(item), Value::Nil) => {
-                    let (payload, seq, enqueued_ms) = whole_item(item);
-                    (payload, 0, seq, enqueued_ms, change)
-                }
-                _ => (
-                    string(body),
-                    int(&x[0]) as u32,
-                    int(&x[1]),
-                    int(&x[2]),
-                    change,
-                ),
-            }
-        }
+    let (extra, breaker) = match &items[2] {
+        Value::Nil => (None, None),
+        Value::Array(x) if x.len() == 4 => (Some(x), BreakerChange::parse(x.get(3))),
         _ => return None,
     };
+    // a record's lease comes with its seq; one stored whole (no seq) is read
+    // from its item, as parse_lease reads it
+    let (payload, attempts, seq, enqueued_ms) =
+        match (&items[1], extra.filter(|x| x[1] != Value::Nil)) {
+            (body, Some(x)) => (string(body), int(&x[0]) as u32, int(&x[1]), int(&x[2])),
+            (Value::BulkString(item), None) => {
+                let (payload, seq, enqueued_ms) = whole_item(item);
+                (payload, 0, seq, enqueued_ms)
+            }
+            _ => return None,
+        };
     Some(Lease {
         queue: q,
         id: String::from_utf8_lossy(id).into_owned(),
