@@ -115,6 +115,11 @@ async fn a_replay_waits_while_its_id_is_live_again() {
 }
 
 #[tokio::test]
+async fn a_batch_claims_each_id_once_and_its_items_carry_their_seqs() {
+    support::whole::a_batch_claims_each_id_once_and_its_items_carry_their_seqs(url()).await;
+}
+
+#[tokio::test]
 async fn foreign_gate_keys_fail_no_lease() {
     support::whole::foreign_gate_keys_fail_no_lease(url()).await;
 }

@@ -287,8 +287,8 @@ impl Store {
                 .arg(&guard)
                 .arg(routed);
             // per run of a tenant's envelopes (see enqueue.lua): the tenant,
-            // their count and its terms (asked for once), then three
-            // arguments per envelope
+            // their count and its terms (asked for once), then their ids
+            // side by side, then each one's endpoint and payload
             for run in chunk.chunk_by(|a, b| envs[a.0].tenant == envs[b.0].tenant) {
                 let tenant = &envs[run[0].0].tenant;
                 let tt = terms(tenant);
@@ -296,9 +296,11 @@ impl Store {
                     .arg(run.len())
                     .arg(tt.backlog_limit.unwrap_or(0))
                     .arg(tt.tier.arg());
+                for (i, _) in run {
+                    cmd.arg(&envs[*i].id);
+                }
                 for (i, payload) in run {
-                    let env = &envs[*i];
-                    cmd.arg(&env.id).arg(env.endpoint_name()).arg(payload);
+                    cmd.arg(envs[*i].endpoint_name()).arg(payload);
                 }
             }
         }

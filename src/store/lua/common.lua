@@ -506,6 +506,30 @@ local function lane_item(id, ep, seq, at, payload)
   return '\1' .. id .. '\n' .. ep .. '\n' .. seq .. '\n' .. at .. '\n' .. payload
 end
 
+-- Three-digit groups ('007'), each made once and kept; and the thousands
+-- of the last seq seq_text wrote, with their digits.
+local DIGITS3 = {}
+local SEQ_HI, SEQ_HI_TEXT = -1, ''
+
+-- Seq `seq` (a whole number from 0) as its digits. Lua's '..' formats a
+-- number with printf's '%.14g', and string.format's '%d' is hardly
+-- cheaper: some 2,000 instructions a number, as much as the rest of an
+-- envelope's work in enqueue. A batch's seqs are consecutive and share
+-- their thousands, so those are formatted once a thousand and the last
+-- three digits come from DIGITS3.
+local function seq_text(seq)
+  local lo = seq % 1000
+  local hi = (seq - lo) / 1000
+  if hi < 1 or seq >= 1e14 then return string.format('%d', seq) end
+  if hi ~= SEQ_HI then SEQ_HI, SEQ_HI_TEXT = hi, string.format('%d', hi) end
+  local d = DIGITS3[lo]
+  if not d then
+    d = string.format('%03d', lo)
+    DIGITS3[lo] = d
+  end
+  return SEQ_HI_TEXT .. d
+end
+
 -- The id of lane item `item` when it holds an envelope whole (else nil),
 -- and with `ep` its endpoint. Only as far as those is it read: a lease
 -- hands the item to the worker, whose reading of it
@@ -588,52 +612,77 @@ local function forget_bodies(leases)
   redis.call('DEL', unpack(keys))
 end
 
--- Idempotency: which of tenant `t`'s `ids` are new to this queue? Returns a
--- table with `true` for each id seen neither in this idttl-long period nor
--- the one before (so an id is remembered for at least idttl seconds, at most
--- twice that), and claims them. `ip` and `ia` are the tenant's fields as
--- read by the caller: the newest period it claimed in, and the one before
--- that (so which of the two sets exist is known without asking), `xc` its
--- flag for claims being copied by a move (new claims also go to
--- P:idsx:<t>). A batch costs the tenant one set lookup per set it has (at
--- most two) and one SADD, however long. The current period's set expires
+-- Idempotency: which of tenant `t`'s ids `list[from..to]` (at most 1000)
+-- are new to this queue? An id is new when it was seen neither in this
+-- idttl-long period nor the one before (so it is remembered for at least
+-- idttl seconds, at most twice that); the new ones are claimed. `ip` and
+-- `ia` are the tenant's fields as read by the caller: the newest period it
+-- claimed in, and the one before that (so which of the two sets exist is
+-- known without asking), `xc` its flag for claims being copied by a move
+-- (new claims also go to P:idsx:<t>). Returns `true` when every id is new
+-- and named once, else a table with `true` at each new id's place (from 1;
+-- an id named twice is new at its first place only); then the tenant's
+-- `ip` and `ia` after the call. The ids go to Redis straight from `list`
+-- (no table is built per id unless some are not new): a batch costs the
+-- tenant one set lookup per set it has (none when it has none: the SADD
+-- both checks and claims) and one SADD. The current period's set expires
 -- after three windows as a safety net; the set from two periods back is
 -- freed in the background (UNLINK) when the tenant first claims in a new
 -- period.
-local function claim_ids(t, ids, now, ip, ia, xc)
-  local fresh = {}
-  if #ids == 0 then return fresh end
+local function claim_ids(t, list, from, to, now, ip, ia, xc)
   local period = id_period(now)
   local last, before = tonumber(ip) or -1, tonumber(ia) or -1
   local cur, prev = claims_key(period, t), claims_key(period - 1, t)
   local has_prev = last == period - 1 or (last == period and before == period - 1)
-  local claim = {}
-  if #ids == 1 and not has_prev then
-    -- one id (a single post): SADD both checks and claims it
-    if redis.call('SADD', cur, ids[1]) == 0 then return fresh end
-    fresh[ids[1]] = true
-    claim[1] = ids[1]
+  local count = to - from + 1
+  local in_prev = has_prev and redis.call('SMISMEMBER', prev, unpack(list, from, to)) or nil
+  local in_cur = (last == period) and redis.call('SMISMEMBER', cur, unpack(list, from, to)) or nil
+  local fresh, claim = true, nil
+  if in_prev or in_cur then
+    for k = 1, count do
+      if (in_prev and in_prev[k] == 1) or (in_cur and in_cur[k] == 1) then
+        fresh = false
+        break
+      end
+    end
+  end
+  if fresh then
+    -- none seen before: one SADD of them as they came, and its count says
+    -- whether one was named twice
+    if redis.call('SADD', cur, unpack(list, from, to)) < count then
+      fresh = {}
+      local seen = {}
+      for k = 1, count do
+        local id = list[from + k - 1]
+        if not seen[id] then
+          seen[id] = true
+          fresh[k] = true
+        end
+      end
+    end
+    if xc == '1' then redis.call('SADD', P .. ':idsx:' .. t, unpack(list, from, to)) end
   else
-    local in_prev = has_prev and redis.call('SMISMEMBER', prev, unpack(ids)) or nil
-    local in_cur = (last == period) and redis.call('SMISMEMBER', cur, unpack(ids)) or nil
-    for k, id in ipairs(ids) do
-      if not (in_prev and in_prev[k] == 1) and not (in_cur and in_cur[k] == 1) and not fresh[id] then
-        fresh[id] = true
+    fresh, claim = {}, {}
+    local seen = {}
+    for k = 1, count do
+      local id = list[from + k - 1]
+      if not (in_prev and in_prev[k] == 1) and not (in_cur and in_cur[k] == 1) and not seen[id] then
+        seen[id] = true
+        fresh[k] = true
         claim[#claim + 1] = id
       end
     end
-    if #claim == 0 then return fresh end
+    if #claim == 0 then return fresh, ip, ia end
     redis.call('SADD', cur, unpack(claim))
-  end
-  do
     if xc == '1' then redis.call('SADD', P .. ':idsx:' .. t, unpack(claim)) end
-    if last < period then
-      redis.call('EXPIRE', cur, 3 * ID_TTL, 'NX')
-      redis.call('UNLINK', claims_key(period - 2, t))
-      redis.call('HSET', tkey(t), 'ip', period, 'ia', last)
-    end
   end
-  return fresh
+  if last < period then
+    redis.call('EXPIRE', cur, 3 * ID_TTL, 'NX')
+    redis.call('UNLINK', claims_key(period - 2, t))
+    redis.call('HSET', tkey(t), 'ip', period, 'ia', last)
+    return fresh, period, last
+  end
+  return fresh, ip, ia
 end
 
 -- A tenant's weight: its own (P:weights) wins over its tier's (`tr`, as the

@@ -1,11 +1,12 @@
--- Helpers (common.lua): num, now_ms, tkey, hold, epskey, lane_item, claim_ids, lane_append, activate,
---   activate_fresh
+-- Helpers (common.lua): num, now_ms, tkey, hold, epskey, lane_item, seq_text, claim_ids, lane_append,
+--   activate, activate_fresh
 -- ARGV: the version of the routing table the caller routed by (0: none,
 -- nothing is checked), then the batch's envelopes (one or many) grouped by
 -- tenant: per group the tenant, its count of envelopes, its backlog limit
 -- (0: none) and its tier ('': unknown, keep what the tenant has; '-': none,
--- clear it; else the tier name), then per envelope its id, endpoint and
--- payload. A tenant's tier (tr) is written only when it changes (the last
+-- clear it; else the tier name), then its envelopes' ids, then per envelope
+-- its endpoint and payload (the ids side by side go to the claims' set
+-- commands as they came, with no table built of them). A tenant's tier (tr) is written only when it changes (the last
 -- non-empty tier of its groups in the call wins), also when they are
 -- refused FULL.
 -- Returns {seq0, codes, values...}: codes has one letter per envelope, in
@@ -27,25 +28,26 @@
 -- not claimed. The check is per call, so a tenant's envelopes in one call
 -- are all taken or all refused (a call may overshoot by its own size).
 -- Ids are the tenant's own: two tenants may use the same id (see P:e:<ref>).
--- Per batch: tenant state is read once per tenant, each tenant's ids are
--- checked in two set lookups and claimed in one, and each tenant's lane gets
--- one RPUSH, which stores its envelopes whole (lane_item): an envelope costs
--- no call of its own.
+-- Per batch: tenant state is read once per tenant, each group's ids are
+-- checked in at most two set lookups and claimed in one (claim_ids), and
+-- each tenant's lane gets one RPUSH, which stores its envelopes whole
+-- (lane_item, its seq written by seq_text): an envelope costs no call of
+-- its own.
 -- Every check comes before the first write: a call that does not parse
 -- changes nothing.
 local routed = tonumber(ARGV[1])
 -- a version is a whole number from 0 (nan, inf or a fraction would pass
 -- the fence's comparison unchecked)
 if routed and (routed ~= routed or routed < 0 or routed % 1 ~= 0 or routed >= 2 ^ 53) then routed = nil end
--- each group's place in ARGV (its tenant's) and its last envelope's id's
-local gpos, glast, n, at = {}, {}, 0, 2
+-- each group's place in ARGV (its tenant's) and its count of envelopes
+local gpos, gcount, n, at = {}, {}, 0, 2
 while routed and at <= #ARGV do
   local count = tonumber(ARGV[at + 1])
   if not count or count < 1 or count % 1 ~= 0 or at + 3 + 3 * count > #ARGV then
     routed = nil
   else
     gpos[#gpos + 1] = at
-    glast[#gpos] = at + 1 + 3 * count
+    gcount[#gpos] = count
     n = n + count
     at = at + 4 + 3 * count
   end
@@ -53,7 +55,7 @@ end
 -- the caller sends at most ENQUEUE_CHUNK (200) envelopes a call
 if not routed or n < 1 or n > 1000 then
   return redis.error_reply('enqueue: ARGV must be the routing version, then per tenant its name, count, limit '
-    .. 'and tier and count (id, endpoint, payload) triples, at most 1000 envelopes')
+    .. 'and tier, its count of ids and count (endpoint, payload) pairs, at most 1000 envelopes')
 end
 -- A producer that routed by a table sends its version: one older than the
 -- queue's fence (set by a reshard before it changes the shard count) is
@@ -68,7 +70,7 @@ end
 local now = now_ms()
 -- one sequence block for the batch; ids that turn out duplicate leave gaps
 local seq0 = redis.call('INCRBY', P .. ':seq', n) - n
-local tenants = {} -- tenant -> {paused, moved, known, active, ip, xc, ids = {candidates}, lane = {items}, held = {items}}
+local tenants = {} -- tenant -> {paused, moved, known, active, ip, ia, xc, count, lane = {items}, held = {items}}
 local order = {}
 local full = {} -- group -> true: over the tenant's backlog limit
 for g, i in ipairs(gpos) do
@@ -76,13 +78,15 @@ for g, i in ipairs(gpos) do
   local ts = tenants[t]
   if not ts then
     -- paused, moved, and whether activation can be skipped (already on the
-    -- ring, parked at its cap, or blocked by a breaker)
-    local st = redis.call('HMGET', tkey(t), 'p', 'm', 'r', 'k', 'bl', 'n', 'ip', 'ia', 'xc', 'h', 'tr', 'sr', 'sb', 'sl', 'su', 'sd')
+    -- ring, parked at its cap, or blocked by a breaker); the rest of a
+    -- shaped tenant's bucket and a paused one's held count are read when
+    -- they are needed
+    local st = redis.call('HMGET', tkey(t), 'p', 'm', 'r', 'k', 'bl', 'n', 'ip', 'ia', 'xc', 'tr', 'sr')
     ts = { paused = st[1] == '1', moved = st[2] or '', known = st[6] ~= false, depth = tonumber(st[6]) or 0,
-      active = st[3] == '1' or st[4] == '1' or st[5] == '1', ip = st[7], ia = st[8], xc = st[9], h = num(st[10], 0), tr = st[11] or '', ids = {}, lane = {}, held = {},
+      active = st[3] == '1' or st[4] == '1' or st[5] == '1', ip = st[7], ia = st[8], xc = st[9], tr = st[10] or '',
+      sr = num(st[11], 0), count = 0, lane = {}, held = {},
       -- the endpoint of each item in lane (endpoint isolation)
-      lane_eps = {},
-      sr = num(st[12], 0), sb = num(st[13], 0), sl = tonumber(st[14]), su = num(st[15], 0), sd = num(st[16], 0) }
+      lane_eps = {} }
     tenants[t] = ts
     order[#order + 1] = t
   end
@@ -93,8 +97,7 @@ for g, i in ipairs(gpos) do
     if limit > 0 and ts.depth >= limit then
       full[g] = true
     else
-      local ids = ts.ids
-      for b = i + 4, glast[g], 3 do ids[#ids + 1] = ARGV[b] end
+      ts.count = ts.count + gcount[g]
     end
   end
 end
@@ -107,63 +110,69 @@ end
 -- Shaping (see SHAPED above), per tenant and before any id is claimed.
 for _, t in ipairs(order) do
   local ts = tenants[t]
-  local count = #ts.ids
+  local count = ts.count
   local rate = finite(ts.sr, 0)
   if rate > 0 and count > 0 then
-    local burst = math.max(finite(ts.sb, 1), 1)
+    local b = redis.call('HMGET', tkey(t), 'sb', 'sl', 'su', 'sd')
+    local burst = math.max(finite(num(b[1], 0), 1), 1)
+    local su, sd = num(b[3], 0), num(b[4], 0)
     -- debt is at most one call's envelopes; a level past it is garbage
-    local level = finite(ts.sl, burst)
+    local level = finite(tonumber(b[2]), burst)
     if level < -1000 then level = burst end
-    ts.sr = rate
-    if ts.su > 0 and now > ts.su then level = level + (now - ts.su) * ts.sr / 1000 end
+    if su > 0 and now > su then level = level + (now - su) * rate / 1000 end
     level = math.min(level, burst)
     local need = math.min(count, burst)
     if level < need then
-      ts.shaped = math.min(math.max(math.ceil((need - level) * 1000 / ts.sr), 1), 3600000)
-      ts.ids = {}
-      redis.call('HSET', tkey(t), 'sl', tostring(level), 'su', now, 'sd', ts.sd + count, 'sx', now)
+      ts.shaped = math.min(math.max(math.ceil((need - level) * 1000 / rate), 1), 3600000)
+      redis.call('HSET', tkey(t), 'sl', tostring(level), 'su', now, 'sd', sd + count, 'sx', now)
     else
       redis.call('HSET', tkey(t), 'sl', tostring(level - count), 'su', now)
     end
   end
 end
-for _, t in ipairs(order) do
-  local ts = tenants[t]
-  ts.fresh = claim_ids(t, ts.ids, now, ts.ip, ts.ia, ts.xc)
-end
 -- formatted once for the batch, not by Redis for every envelope
 local now_s = tostring(now)
 
--- a seq as the item holds it: Lua writes a number below 10^14 as its
--- digits, and only one past it (state written behind the scripts' back)
--- needs formatting
-local big = seq0 + n >= 1e14
 local codes, out, k = {}, { seq0, false }, 0
 for g, i in ipairs(gpos) do
-  local ts = tenants[ARGV[i]]
-  for b = i + 4, glast[g], 3 do
-    k = k + 1
-    local id = ARGV[b]
-    if ts.moved ~= '' then
-      codes[k] = 'M'; out[#out + 1] = ts.moved
-    elseif full[g] then
-      codes[k] = 'F'; out[#out + 1] = ts.depth
-    elseif ts.shaped then
-      codes[k] = 'S'; out[#out + 1] = ts.shaped
-    elseif not ts.fresh[id] then
-      codes[k] = 'D'
-    else
-      ts.fresh[id] = nil -- the same id twice in one batch is stored once
-      local seq = seq0 + k
-      -- attempts are none until the first failure, which writes a record
-      local item = lane_item(id, ARGV[b + 1], big and string.format('%d', seq) or seq, now_s, ARGV[b + 2])
-      if ts.paused then
-        ts.held[#ts.held + 1] = item
-        codes[k] = 'H'
+  local t = ARGV[i]
+  local ts = tenants[t]
+  local count = gcount[g]
+  local code, value
+  if ts.moved ~= '' then
+    code, value = 'M', ts.moved
+  elseif full[g] then
+    code, value = 'F', ts.depth
+  elseif ts.shaped then
+    code, value = 'S', ts.shaped
+  end
+  if code then
+    for _ = 1, count do
+      k = k + 1
+      codes[k] = code
+      out[#out + 1] = value
+    end
+  else
+    -- the group's ids, then its (endpoint, payload) pairs
+    local ids, pairs_at = i + 4, i + 4 + count
+    local fresh
+    fresh, ts.ip, ts.ia = claim_ids(t, ARGV, ids, ids + count - 1, now, ts.ip, ts.ia, ts.xc)
+    for j = 1, count do
+      k = k + 1
+      if fresh == true or fresh[j] then
+        local b = pairs_at + 2 * j - 2
+        -- attempts are none until the first failure, which writes a record
+        local item = lane_item(ARGV[ids + j - 1], ARGV[b], seq_text(seq0 + k), now_s, ARGV[b + 1])
+        if ts.paused then
+          ts.held[#ts.held + 1] = item
+          codes[k] = 'H'
+        else
+          ts.lane[#ts.lane + 1] = item
+          if ISO_EP then ts.lane_eps[#ts.lane] = ARGV[b] end
+          codes[k] = 'O'
+        end
       else
-        ts.lane[#ts.lane + 1] = item
-        if ISO_EP then ts.lane_eps[#ts.lane] = ARGV[b + 1] end
-        codes[k] = 'O'
+        codes[k] = 'D'
       end
     end
   end
@@ -182,7 +191,8 @@ for _, t in ipairs(order) do
     -- one write, and nothing else in this call changes them
     -- (and its last activity, for the sweep of idle tenants)
     if #ts.held > 0 then
-      redis.call('HSET', tkey(t), 'n', ts.depth + added, 'h', ts.h + #ts.held, 'la', now_s)
+      local h = num(redis.call('HGET', tkey(t), 'h'), 0)
+      redis.call('HSET', tkey(t), 'n', ts.depth + added, 'h', h + #ts.held, 'la', now_s)
     else
       redis.call('HSET', tkey(t), 'n', ts.depth + added, 'la', now_s)
     end

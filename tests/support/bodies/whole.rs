@@ -486,3 +486,138 @@ pub async fn foreign_gate_keys_fail_no_lease(url: &str) {
         assert!(s.ack(&l, Duration::from_millis(1)).await.is_ok(), "{case}");
     }
 }
+
+/// Enqueue claims each id of a batch once, whichever way its claims are
+/// checked (issue 23, sixth session): a tenant with no claims set yet (one
+/// SADD checks and claims, and its count finds an id named twice), one
+/// with a set (an id seen before, an id named twice), a tenant whose claims
+/// are being copied (each new id also goes to `P:idsx`), and two groups of
+/// one tenant in one call (the second sees the first's claims). Each
+/// envelope's lane item carries the seq its enqueue answered, across a
+/// thousand (the digits `seq_text` writes from its kept three-digit
+/// groups), below a thousand, and from 10^14 (formatted whole).
+pub async fn a_batch_claims_each_id_once_and_its_items_carry_their_seqs(url: &str) {
+    use lanekeeper::store::EnqueueOutcome;
+    let s = store(url, QueuePolicy::default()).await;
+    let p = s.queue_prefix(Q);
+    let batch = |tenant: &'static str, ids: &'static [&'static str]| {
+        ids.iter().map(|id| named(tenant, id)).collect::<Vec<_>>()
+    };
+    let codes = |out: Vec<lanekeeper::store::Result<EnqueueOutcome>>| {
+        out.into_iter()
+            .map(|o| match o.unwrap() {
+                EnqueueOutcome::Queued { seq } => seq as i64,
+                EnqueueOutcome::Duplicate => -1,
+                o => panic!("{o:?}"),
+            })
+            .collect::<Vec<i64>>()
+    };
+    // no set yet: the SADD's count says "a" came twice
+    let out = codes(
+        s.enqueue_batch(Q, &batch("t", &["a", "b", "a"]))
+            .await
+            .unwrap(),
+    );
+    assert_eq!(out, vec![1, 2, -1]);
+    // a set: "a" seen before, "c" named twice, "d" new
+    let out = codes(
+        s.enqueue_batch(Q, &batch("t", &["c", "a", "d", "c"]))
+            .await
+            .unwrap(),
+    );
+    assert_eq!(out, vec![4, -1, 6, -1]);
+    // all new beside the set
+    let out = codes(s.enqueue_batch(Q, &batch("t", &["e", "f"])).await.unwrap());
+    assert_eq!(out, vec![8, 9]);
+    let lane_ids: Vec<Vec<u8>> = lane(url, &s, "t")
+        .await
+        .iter()
+        .map(|item| match keys::lane_item(item) {
+            keys::LaneItem::Whole { id, .. } => id.to_vec(),
+            keys::LaneItem::Bare(b) => panic!("{b:?}"),
+        })
+        .collect();
+    assert_eq!(
+        lane_ids,
+        [b"a", b"b", b"c", b"d", b"e", b"f"].map(|b| b.to_vec())
+    );
+
+    // claims being copied: every new id also goes to P:idsx, by either path
+    raw(
+        url,
+        redis::cmd("HSET")
+            .arg(keys::tenant(&p, "x"))
+            .arg("xc")
+            .arg("1")
+            .clone(),
+    )
+    .await;
+    let copied = || async {
+        let cmd = redis::cmd("SMEMBERS").arg(format!("{p}:idsx:x")).clone();
+        let mut ids: Vec<String> = redis::from_redis_value(raw(url, cmd).await).unwrap();
+        ids.sort();
+        ids
+    };
+    let out = codes(
+        s.enqueue_batch(Q, &batch("x", &["m", "n", "m"]))
+            .await
+            .unwrap(),
+    );
+    assert_eq!(out, vec![10, 11, -1]);
+    assert_eq!(copied().await, ["m", "n"]);
+    let out = codes(s.enqueue_batch(Q, &batch("x", &["n", "o"])).await.unwrap());
+    assert_eq!(out, vec![-1, 14]);
+    assert_eq!(copied().await, ["m", "n", "o"]);
+
+    // two groups of one tenant in one call (the store sends one a tenant;
+    // the script takes any): the second group's "g" is the first's
+    let mut cmd = redis::cmd("FCALL");
+    cmd.arg(s.function_name("enqueue"))
+        .arg(2)
+        .arg(&p)
+        .arg(keys::slot_guard(&p))
+        .arg("0");
+    for ids in [["g", "h"], ["i", "g"]] {
+        cmd.arg("u").arg(2).arg(0).arg("").arg(ids[0]).arg(ids[1]);
+        for _ in ids {
+            cmd.arg("main").arg("{}");
+        }
+    }
+    let reply = super::dataplane::raw_result(url, cmd).await.unwrap();
+    let redis::Value::Array(reply) = reply else {
+        panic!("{reply:?}")
+    };
+    assert_eq!(reply[1], redis::Value::BulkString(b"OOOD".to_vec()));
+    assert_eq!(lane(url, &s, "u").await.len(), 3);
+
+    // seqs below a thousand, across one, then from 10^14: each item says
+    // what its enqueue answered
+    drain_k(&s, 16).await;
+    for start in [0u64, 997, 1_998, 99_999_999_999_998] {
+        raw(
+            url,
+            redis::cmd("SET").arg(format!("{p}:seq")).arg(start).clone(),
+        )
+        .await;
+        let envs: Vec<_> = (0..4)
+            .map(|i| named("v", &format!("s{start}-{i}")))
+            .collect();
+        let answered = codes(s.enqueue_batch(Q, &envs).await.unwrap());
+        let want: Vec<i64> = (1..=4).map(|i| (start + i) as i64).collect();
+        assert_eq!(answered, want);
+        for (item, seq) in lane(url, &s, "v").await.iter().zip(&want) {
+            let text = format!("\n{seq}\n");
+            assert!(
+                item.windows(text.len()).any(|w| w == text.as_bytes()),
+                "{seq}: {:?}",
+                String::from_utf8_lossy(item)
+            );
+        }
+        let mut leased = Vec::new();
+        while let Some(l) = lease(&s, Q).await {
+            leased.push(l.seq as i64);
+            s.ack(&l, Duration::from_millis(1)).await.unwrap();
+        }
+        assert_eq!(leased, want, "from {start}");
+    }
+}
