@@ -36,7 +36,17 @@ pub async fn connect(url: &str, set: &str) -> Store {
 pub async fn enqueue_all(store: &Store, envs: Vec<Envelope>) -> f64 {
     let started = Instant::now();
     let n = envs.len();
-    let chunks: Vec<Vec<Envelope>> = envs.chunks(1000).map(|c| c.to_vec()).collect();
+    // moved into chunks, not cloned: a deep copy of every envelope here
+    // would be timed as the store's work while Redis waits
+    let mut envs = envs.into_iter();
+    let mut chunks: Vec<Vec<Envelope>> = Vec::with_capacity(n / 1000 + 1);
+    loop {
+        let chunk: Vec<Envelope> = envs.by_ref().take(1000).collect();
+        if chunk.is_empty() {
+            break;
+        }
+        chunks.push(chunk);
+    }
     let chunks = Arc::new(std::sync::Mutex::new(chunks));
     let mut tasks = Vec::new();
     for _ in 0..4 {
