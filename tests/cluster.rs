@@ -150,6 +150,7 @@ async fn envelopes_stored_whole_across_slots() {
     support::whole::a_malformed_enqueue_fails_before_its_first_write(url).await;
     support::whole::a_replay_waits_while_its_id_is_live_again(url).await;
     support::whole::a_batch_claims_each_id_once_and_its_items_carry_their_seqs(url).await;
+    support::whole::claims_hold_when_the_window_grows_or_the_clock_steps_back(url).await;
     support::whole::foreign_gate_keys_fail_no_lease(url).await;
 }
 

@@ -120,6 +120,11 @@ async fn a_batch_claims_each_id_once_and_its_items_carry_their_seqs() {
 }
 
 #[tokio::test]
+async fn claims_hold_when_the_window_grows_or_the_clock_steps_back() {
+    support::whole::claims_hold_when_the_window_grows_or_the_clock_steps_back(url()).await;
+}
+
+#[tokio::test]
 async fn foreign_gate_keys_fail_no_lease() {
     support::whole::foreign_gate_keys_fail_no_lease(url()).await;
 }

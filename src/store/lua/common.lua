@@ -633,40 +633,62 @@ local function claim_ids(t, list, from, to, now, ip, ia, xc)
   local period = id_period(now)
   local last, before = tonumber(ip) or -1, tonumber(ia) or -1
   local cur, prev = claims_key(period, t), claims_key(period - 1, t)
-  local has_prev = last == period - 1 or (last == period and before == period - 1)
+  -- Renumbered: a newest period far past now (a longer window numbers the
+  -- periods anew, far lower) or one that is not a number (written behind
+  -- the scripts' back): both of now's sets are checked, and the fields
+  -- rewritten as if the tenant had claimed in both. Behind: the clock
+  -- stepped back by a period or two, so the tenant's newest set is ahead
+  -- of now: it is checked too, and stays the newest.
+  local renumbered = (ip and not tonumber(ip)) or last > period + 2
+  local behind = not renumbered and last > period
+  local sets = {}
+  if renumbered or behind or last == period - 1 or (last == period and before == period - 1) then
+    sets[#sets + 1] = prev
+  end
+  if renumbered or behind or last == period then sets[#sets + 1] = cur end
+  if behind then sets[#sets + 1] = claims_key(last, t) end
   local count = to - from + 1
-  local in_prev = has_prev and redis.call('SMISMEMBER', prev, unpack(list, from, to)) or nil
-  local in_cur = (last == period) and redis.call('SMISMEMBER', cur, unpack(list, from, to)) or nil
-  local fresh, claim = true, nil
-  if in_prev or in_cur then
-    for k = 1, count do
-      if (in_prev and in_prev[k] == 1) or (in_cur and in_cur[k] == 1) then
-        fresh = false
-        break
-      end
+  local found = {}
+  for i, key in ipairs(sets) do found[i] = redis.call('SMISMEMBER', key, unpack(list, from, to)) end
+  -- whether the id at place k was claimed before this call
+  local function claimed(k)
+    for i = 1, #found do
+      if found[i][k] == 1 then return true end
+    end
+    return false
+  end
+  local fresh = true
+  for k = 1, (#found > 0) and count or 0 do
+    if claimed(k) then
+      fresh = false
+      break
     end
   end
   if fresh then
-    -- none seen before: one SADD of them as they came, and its count says
-    -- whether one was named twice
+    -- none claimed before: one SADD of them as they came, and its count
+    -- says whether one was named twice (one id alone that it finds
+    -- claimed was in a set the fields do not account for: claimed, as a
+    -- single post always answered)
     if redis.call('SADD', cur, unpack(list, from, to)) < count then
       fresh = {}
-      local seen = {}
-      for k = 1, count do
-        local id = list[from + k - 1]
-        if not seen[id] then
-          seen[id] = true
-          fresh[k] = true
+      if count > 1 then
+        local seen = {}
+        for k = 1, count do
+          local id = list[from + k - 1]
+          if not seen[id] then
+            seen[id] = true
+            fresh[k] = true
+          end
         end
       end
     end
     if xc == '1' then redis.call('SADD', P .. ':idsx:' .. t, unpack(list, from, to)) end
   else
-    fresh, claim = {}, {}
-    local seen = {}
+    fresh = {}
+    local claim, seen = {}, {}
     for k = 1, count do
       local id = list[from + k - 1]
-      if not (in_prev and in_prev[k] == 1) and not (in_cur and in_cur[k] == 1) and not seen[id] then
+      if not claimed(k) and not seen[id] then
         seen[id] = true
         fresh[k] = true
         claim[#claim + 1] = id
@@ -676,11 +698,22 @@ local function claim_ids(t, list, from, to, now, ip, ia, xc)
     redis.call('SADD', cur, unpack(claim))
     if xc == '1' then redis.call('SADD', P .. ':idsx:' .. t, unpack(claim)) end
   end
-  if last < period then
+  if behind then
+    -- a set that may be new; the fields keep the newest, and the one
+    -- before it when that is now's (checked when the clock is back there)
+    redis.call('EXPIRE', cur, 3 * ID_TTL, 'NX')
+    if period == last - 1 and before ~= period then
+      redis.call('HSET', tkey(t), 'ia', period)
+      return fresh, ip, period
+    end
+    return fresh, ip, ia
+  end
+  if last < period or renumbered then
+    local was = renumbered and period - 1 or last
     redis.call('EXPIRE', cur, 3 * ID_TTL, 'NX')
     redis.call('UNLINK', claims_key(period - 2, t))
-    redis.call('HSET', tkey(t), 'ip', period, 'ia', last)
-    return fresh, period, last
+    redis.call('HSET', tkey(t), 'ip', period, 'ia', was)
+    return fresh, period, was
   end
   return fresh, ip, ia
 end

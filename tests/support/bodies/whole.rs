@@ -621,3 +621,87 @@ pub async fn a_batch_claims_each_id_once_and_its_items_carry_their_seqs(url: &st
         assert_eq!(leased, want, "from {start}");
     }
 }
+
+/// A tenant's claim fields ahead of now (a helper's attack on the sixth
+/// session's enqueue): a longer idempotency window numbers the periods
+/// anew, far lower than the one the tenant last claimed in, and a clock
+/// that steps back puts now's period behind it. Neither may let an id be
+/// stored twice: not by a single post, nor by a call that names it in two
+/// groups of its tenant, nor, once the clock is back, by the ids claimed
+/// while it was behind.
+pub async fn claims_hold_when_the_window_grows_or_the_clock_steps_back(url: &str) {
+    use lanekeeper::store::EnqueueOutcome;
+    let window = |secs| QueuePolicy {
+        idempotency_window: Duration::from_secs(secs),
+        ..QueuePolicy::default()
+    };
+    let s = store(url, window(3600)).await;
+    let p = s.queue_prefix(Q);
+    let dup = |o: EnqueueOutcome| o == EnqueueOutcome::Duplicate;
+    assert!(!dup(s.enqueue(Q, &named("t1", "x")).await.unwrap()));
+    // a day's window: periods numbered about 24 times lower
+    s.configure_queue(Q, &window(86_400)).await.unwrap();
+    assert!(!dup(s.enqueue(Q, &named("t1", "a")).await.unwrap()));
+    assert!(
+        dup(s.enqueue(Q, &named("t1", "a")).await.unwrap()),
+        "a single post of a claimed id was stored again"
+    );
+    let mut cmd = redis::cmd("FCALL");
+    cmd.arg(s.function_name("enqueue"))
+        .arg(2)
+        .arg(&p)
+        .arg(keys::slot_guard(&p))
+        .arg("0");
+    for (t, id) in [("t1", "b"), ("t2", "b"), ("t1", "b")] {
+        cmd.arg(t)
+            .arg(1)
+            .arg(0)
+            .arg("")
+            .arg(id)
+            .arg("main")
+            .arg("{}");
+    }
+    let reply = super::dataplane::raw_result(url, cmd).await.unwrap();
+    let redis::Value::Array(reply) = reply else {
+        panic!("{reply:?}")
+    };
+    assert_eq!(
+        reply[1],
+        redis::Value::BulkString(b"OOD".to_vec()),
+        "an id named in two groups of its tenant"
+    );
+
+    // the clock: ten seconds into a day's period, then back across its
+    // start, then forward again
+    let day = 86_400_000u64;
+    let start = (1_800_000_000_000 / day) * day;
+    s.set_virtual_clock(Q, start + 10_000).await.unwrap();
+    assert!(!dup(s.enqueue(Q, &named("t3", "k")).await.unwrap()));
+    s.set_virtual_clock(Q, start - 10_000).await.unwrap();
+    assert!(
+        dup(s.enqueue(Q, &named("t3", "k")).await.unwrap()),
+        "an id claimed in the period ahead"
+    );
+    let out: Vec<bool> = s
+        .enqueue_batch(Q, &[named("t3", "k"), named("t3", "m"), named("t3", "m")])
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|o| dup(o.unwrap()))
+        .collect();
+    assert_eq!(out, [true, false, true]);
+    s.set_virtual_clock(Q, start + 20_000).await.unwrap();
+    let out: Vec<bool> = s
+        .enqueue_batch(Q, &[named("t3", "m"), named("t3", "k"), named("t3", "n")])
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|o| dup(o.unwrap()))
+        .collect();
+    assert_eq!(
+        out,
+        [true, true, false],
+        "claims made while the clock was behind"
+    );
+    s.clear_virtual_clock(Q).await.unwrap();
+}
