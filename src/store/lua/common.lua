@@ -634,12 +634,13 @@ local function claim_ids(t, list, from, to, now, ip, ia, xc)
   local last, before = tonumber(ip) or -1, tonumber(ia) or -1
   local cur, prev = claims_key(period, t), claims_key(period - 1, t)
   -- Renumbered: a newest period far past now (a longer window numbers the
-  -- periods anew, far lower) or one that is not a number (written behind
-  -- the scripts' back): both of now's sets are checked, and the fields
-  -- rewritten as if the tenant had claimed in both. Behind: the clock
-  -- stepped back by a period or two, so the tenant's newest set is ahead
-  -- of now: it is checked too, and stays the newest.
-  local renumbered = (ip and not tonumber(ip)) or last > period + 2
+  -- periods anew, hundreds of thousands lower at today's clock) or one
+  -- that is not a number (written behind the scripts' back): both of now's
+  -- sets are checked, and the fields rewritten as if the tenant had
+  -- claimed in both. Behind: the clock stepped back (by fewer than a
+  -- thousand windows), so the tenant's newest set is ahead of now: it is
+  -- checked too, and stays the newest until the clock is back there.
+  local renumbered = (ip and not tonumber(ip)) or last > period + 1000
   local behind = not renumbered and last > period
   local sets = {}
   if renumbered or behind or last == period - 1 or (last == period and before == period - 1) then

@@ -703,5 +703,25 @@ pub async fn claims_hold_when_the_window_grows_or_the_clock_steps_back(url: &str
         [true, true, false],
         "claims made while the clock was behind"
     );
+    // three periods back and forward again: the newest set is still
+    // checked (the window is now's period and the one before)
+    s.set_virtual_clock(Q, start + day + 10_000).await.unwrap();
+    assert!(!dup(s.enqueue(Q, &named("t4", "q")).await.unwrap()));
+    s.set_virtual_clock(Q, start - 2 * day).await.unwrap();
+    assert!(dup(s.enqueue(Q, &named("t4", "q")).await.unwrap()));
+    assert!(!dup(s.enqueue(Q, &named("t4", "r")).await.unwrap()));
+    s.set_virtual_clock(Q, start + day + 20_000).await.unwrap();
+    let out: Vec<bool> = s
+        .enqueue_batch(Q, &[named("t4", "q"), named("t4", "s")])
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|o| dup(o.unwrap()))
+        .collect();
+    assert_eq!(out, [true, false], "the newest set, once the clock is back");
+    s.set_virtual_clock(Q, start + 2 * day + 10_000)
+        .await
+        .unwrap();
+    assert!(dup(s.enqueue(Q, &named("t4", "q")).await.unwrap()));
     s.clear_virtual_clock(Q).await.unwrap();
 }
