@@ -642,25 +642,26 @@ local function claim_ids(t, list, from, to, now, ip, ia, xc)
   -- checked too, and stays the newest until the clock is back there.
   local renumbered = (ip and not tonumber(ip)) or last > period + 1000
   local behind = not renumbered and last > period
-  local sets = {}
-  if renumbered or behind or last == period - 1 or (last == period and before == period - 1) then
-    sets[#sets + 1] = prev
-  end
-  if renumbered or behind or last == period then sets[#sets + 1] = cur end
-  if behind then sets[#sets + 1] = claims_key(last, t) end
   local count = to - from + 1
-  local found = {}
-  for i, key in ipairs(sets) do found[i] = redis.call('SMISMEMBER', key, unpack(list, from, to)) end
-  -- whether the id at place k was claimed before this call
-  local function claimed(k)
-    for i = 1, #found do
-      if found[i][k] == 1 then return true end
+  -- the SMISMEMBER answer of the first set checked, the others' claims
+  -- merged into it: known[k] == 1 when the id at place k was claimed before
+  local known
+  local function check(key)
+    local r = redis.call('SMISMEMBER', key, unpack(list, from, to))
+    if not known then
+      known = r
+    else
+      for k = 1, count do
+        if r[k] == 1 then known[k] = 1 end
+      end
     end
-    return false
   end
+  if renumbered or behind or last == period - 1 or (last == period and before == period - 1) then check(prev) end
+  if renumbered or behind or last == period then check(cur) end
+  if behind then check(claims_key(last, t)) end
   local fresh = true
-  for k = 1, (#found > 0) and count or 0 do
-    if claimed(k) then
+  for k = 1, known and count or 0 do
+    if known[k] == 1 then
       fresh = false
       break
     end
@@ -689,7 +690,7 @@ local function claim_ids(t, list, from, to, now, ip, ia, xc)
     local claim, seen = {}, {}
     for k = 1, count do
       local id = list[from + k - 1]
-      if not claimed(k) and not seen[id] then
+      if known[k] ~= 1 and not seen[id] then
         seen[id] = true
         fresh[k] = true
         claim[#claim + 1] = id
