@@ -682,22 +682,10 @@ pub async fn claims_hold_when_the_window_grows_or_the_clock_steps_back(url: &str
         dup(s.enqueue(Q, &named("t3", "k")).await.unwrap()),
         "an id claimed in the period ahead"
     );
-    let out: Vec<bool> = s
-        .enqueue_batch(Q, &[named("t3", "k"), named("t3", "m"), named("t3", "m")])
-        .await
-        .unwrap()
-        .into_iter()
-        .map(|o| dup(o.unwrap()))
-        .collect();
+    let out = duplicates(&s, &[named("t3", "k"), named("t3", "m"), named("t3", "m")]).await;
     assert_eq!(out, [true, false, true]);
     s.set_virtual_clock(Q, start + 20_000).await.unwrap();
-    let out: Vec<bool> = s
-        .enqueue_batch(Q, &[named("t3", "m"), named("t3", "k"), named("t3", "n")])
-        .await
-        .unwrap()
-        .into_iter()
-        .map(|o| dup(o.unwrap()))
-        .collect();
+    let out = duplicates(&s, &[named("t3", "m"), named("t3", "k"), named("t3", "n")]).await;
     assert_eq!(
         out,
         [true, true, false],
@@ -711,17 +699,21 @@ pub async fn claims_hold_when_the_window_grows_or_the_clock_steps_back(url: &str
     assert!(dup(s.enqueue(Q, &named("t4", "q")).await.unwrap()));
     assert!(!dup(s.enqueue(Q, &named("t4", "r")).await.unwrap()));
     s.set_virtual_clock(Q, start + day + 20_000).await.unwrap();
-    let out: Vec<bool> = s
-        .enqueue_batch(Q, &[named("t4", "q"), named("t4", "s")])
-        .await
-        .unwrap()
-        .into_iter()
-        .map(|o| dup(o.unwrap()))
-        .collect();
+    let out = duplicates(&s, &[named("t4", "q"), named("t4", "s")]).await;
     assert_eq!(out, [true, false], "the newest set, once the clock is back");
     s.set_virtual_clock(Q, start + 2 * day + 10_000)
         .await
         .unwrap();
     assert!(dup(s.enqueue(Q, &named("t4", "q")).await.unwrap()));
     s.clear_virtual_clock(Q).await.unwrap();
+}
+
+/// Whether each of `envs`, enqueued in one batch, was answered duplicate.
+async fn duplicates(s: &Store, envs: &[lanekeeper::envelope::Envelope]) -> Vec<bool> {
+    s.enqueue_batch(Q, envs)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|o| o.unwrap() == lanekeeper::store::EnqueueOutcome::Duplicate)
+        .collect()
 }
