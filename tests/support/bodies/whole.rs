@@ -571,12 +571,7 @@ pub async fn a_batch_claims_each_id_once_and_its_items_carry_their_seqs(url: &st
 
     // two groups of one tenant in one call (the store sends one a tenant;
     // the script takes any): the second group's "g" is the first's
-    let mut cmd = redis::cmd("FCALL");
-    cmd.arg(s.function_name("enqueue"))
-        .arg(2)
-        .arg(&p)
-        .arg(keys::slot_guard(&p))
-        .arg("0");
+    let mut cmd = enqueue_fcall(&s);
     for ids in [["g", "h"], ["i", "g"]] {
         cmd.arg("u").arg(2).arg(0).arg("").arg(ids[0]).arg(ids[1]);
         for _ in ids {
@@ -636,7 +631,6 @@ pub async fn claims_hold_when_the_window_grows_or_the_clock_steps_back(url: &str
         ..QueuePolicy::default()
     };
     let s = store(url, window(3600)).await;
-    let p = s.queue_prefix(Q);
     let dup = |o: EnqueueOutcome| o == EnqueueOutcome::Duplicate;
     assert!(!dup(s.enqueue(Q, &named("t1", "x")).await.unwrap()));
     // a day's window: periods numbered about 24 times lower
@@ -646,12 +640,7 @@ pub async fn claims_hold_when_the_window_grows_or_the_clock_steps_back(url: &str
         dup(s.enqueue(Q, &named("t1", "a")).await.unwrap()),
         "a single post of a claimed id was stored again"
     );
-    let mut cmd = redis::cmd("FCALL");
-    cmd.arg(s.function_name("enqueue"))
-        .arg(2)
-        .arg(&p)
-        .arg(keys::slot_guard(&p))
-        .arg("0");
+    let mut cmd = enqueue_fcall(&s);
     for (t, id) in [("t1", "b"), ("t2", "b"), ("t1", "b")] {
         cmd.arg(t)
             .arg(1)
@@ -716,4 +705,17 @@ async fn duplicates(s: &Store, envs: &[lanekeeper::envelope::Envelope]) -> Vec<b
         .into_iter()
         .map(|o| o.unwrap() == lanekeeper::store::EnqueueOutcome::Duplicate)
         .collect()
+}
+
+/// An `FCALL` of the enqueue script on `Q`: its keys, then the routing
+/// version 0 (not routed); the groups follow.
+fn enqueue_fcall(s: &Store) -> redis::Cmd {
+    let p = s.queue_prefix(Q);
+    let mut cmd = redis::cmd("FCALL");
+    cmd.arg(s.function_name("enqueue"))
+        .arg(2)
+        .arg(&p)
+        .arg(keys::slot_guard(&p))
+        .arg("0");
+    cmd
 }
