@@ -1,4 +1,4 @@
--- Helpers (common.lua): now_ms, tkey, claims_key, id_period
+-- Helpers (common.lua): now_ms, tkey, claims_key, id_period, claims_advance
 -- The tenant's idempotency claims travel with it when it moves (see
 -- Store::mark_moved): a producer's retry of an id delivered before the move
 -- is still a duplicate after it. ARGV: op, tenant, then by op:
@@ -37,13 +37,8 @@ elseif op == 'import' then
   local period = id_period(now_ms())
   local cur = claims_key(period, t)
   local added = redis.call('SADD', cur, unpack(ARGV, 3))
-  local tk = tkey(t)
-  local last = tonumber(redis.call('HGET', tk, 'ip')) or -1
-  if last < period then
-    redis.call('EXPIRE', cur, 3 * ID_TTL, 'NX')
-    redis.call('UNLINK', claims_key(period - 2, t))
-    redis.call('HSET', tk, 'ip', period, 'ia', last)
-  end
+  local last = tonumber(redis.call('HGET', tkey(t), 'ip')) or -1
+  if last < period then claims_advance(t, period, last) end
   return added
 end
 return redis.error_reply('claims: unknown op ' .. tostring(op))

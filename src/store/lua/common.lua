@@ -612,6 +612,17 @@ local function forget_bodies(leases)
   redis.call('DEL', unpack(keys))
 end
 
+-- Tenant `t` claimed in period `period` for the first time, its newest
+-- before that `was`: the set expires after three windows as a safety net,
+-- the one from two periods back is freed in the background, and the
+-- tenant's fields say which sets exist (see claim_ids). Cannot fail once
+-- the set was written.
+local function claims_advance(t, period, was)
+  redis.call('EXPIRE', claims_key(period, t), 3 * ID_TTL, 'NX')
+  redis.call('UNLINK', claims_key(period - 2, t))
+  redis.call('HSET', tkey(t), 'ip', period, 'ia', was)
+end
+
 -- Idempotency: which of tenant `t`'s ids `list[from..to]` (at most 1000)
 -- are new to this queue? An id is new when it was seen neither in this
 -- idttl-long period nor the one before (so it is remembered for at least
@@ -624,8 +635,9 @@ end
 -- an id named twice is new at its first place only); then the tenant's
 -- `ip` and `ia` after the call. The ids go to Redis straight from `list`
 -- (no table is built per id unless some are not new): a batch costs the
--- tenant one set lookup per set it has (none when it has none: the SADD
--- both checks and claims) and one SADD. The current period's set expires
+-- tenant one set lookup per set it has (none when it has none, nor for
+-- now's set when it is one id: the SADD both checks and claims) and one
+-- SADD. The current period's set expires
 -- after three windows as a safety net; the set from two periods back is
 -- freed in the background (UNLINK) when the tenant first claims in a new
 -- period.
@@ -657,7 +669,8 @@ local function claim_ids(t, list, from, to, now, ip, ia, xc)
     end
   end
   if renumbered or behind or last == period - 1 or (last == period and before == period - 1) then check(prev) end
-  if renumbered or behind or last == period then check(cur) end
+  -- one id alone needs no lookup of now's set: its SADD answers that
+  if (renumbered or behind or last == period) and count > 1 then check(cur) end
   if behind then check(claims_key(last, t)) end
   local fresh = true
   for k = 1, known and count or 0 do
@@ -712,9 +725,7 @@ local function claim_ids(t, list, from, to, now, ip, ia, xc)
   end
   if last < period or renumbered then
     local was = renumbered and period - 1 or last
-    redis.call('EXPIRE', cur, 3 * ID_TTL, 'NX')
-    redis.call('UNLINK', claims_key(period - 2, t))
-    redis.call('HSET', tkey(t), 'ip', period, 'ia', was)
+    claims_advance(t, period, was)
     return fresh, period, was
   end
   return fresh, ip, ia

@@ -6,9 +6,9 @@
 -- (0: none) and its tier ('': unknown, keep what the tenant has; '-': none,
 -- clear it; else the tier name), then its envelopes' ids, then per envelope
 -- its endpoint and payload (the ids side by side go to the claims' set
--- commands as they came, with no table built of them). A tenant's tier (tr) is written only when it changes (the last
--- non-empty tier of its groups in the call wins), also when they are
--- refused FULL.
+-- commands as they came, with no table built of them). A tenant's tier
+-- (tr) is written only when it changes (the last non-empty tier of its
+-- groups in the call wins), also when they are refused FULL.
 -- Returns {seq0, codes, values...}: codes has one letter per envelope, in
 -- order, 'O' queued and 'H' held (its seq is seq0 plus its place in the
 -- call, from 1), 'D' a duplicate, and, each with the next of the values,
