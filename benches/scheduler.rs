@@ -24,7 +24,16 @@
 //! commands the store's layout (each envelope stored whole in its lane)
 //! needs of a delivery and no more, at k = 1 and k = 16; the enqueue rounds
 //! run its enqueue twin. A fair delivery cannot cost less than the floor on
-//! this layout: its ratios say which bars can hold.
+//! this layout: its ratios say which bars can hold. It also runs the fair
+//! floor (`common::floor`'s `FAIR_LEASE_ACK`): the floor plus the least
+//! deficit round robin the layout allows (a ring, each tenant's deficit,
+//! in-flight cap and estimate in its hash, its worker time, and nothing
+//! else: no pause, breaker, limit, tier, maintenance, wake-up or argument
+//! check), at k = 1 and k = 16, so the run says what any fair scheduler on
+//! this layout costs, and what the store adds to it. With
+//! `BENCH_SHARED_FLOOR=1` it also runs the fair floor on another layout
+//! (every tenant's state in one field of one shared hash: one read and one
+//! write per call instead of per tenant), which RESULT then reports too.
 //! The last line is `RESULT fair_vs_raw=<x> batch_vs_raw=<k=16 rate over the raw rate>
 //! redis_cpu_vs_raw=<k=16 Redis CPU per delivery over the raw pair's>
 //! flat_40k_vs_10=<y> enqueue_per_s=<z>
@@ -35,7 +44,12 @@
 //! floor_batch_vs_raw=<its k=16 rate over the raw rate>
 //! floor_cpu_vs_raw=<its k=16 Redis CPU per delivery over the raw pair's>
 //! floor_enqueue_vs_raw=<its enqueue rate over the raw LPUSH+HSET rate>
-//! batch_cpu_vs_floor=<k=16 fair Redis CPU per delivery over the floor's>`.
+//! batch_cpu_vs_floor=<k=16 fair Redis CPU per delivery over the floor's>
+//! fair_floor_vs_raw=<the fair floor's k=1 rate over the raw rate>
+//! fair_floor_cpu_vs_raw=<its k=16 Redis CPU per delivery over the raw pair's>
+//! batch_cpu_vs_fair_floor=<k=16 fair Redis CPU per delivery over the fair floor's>`,
+//! and with `BENCH_SHARED_FLOOR=1` `shared_floor_vs_raw=<x>
+//! shared_floor_cpu_vs_raw=<y>` after them (the same two on the shared layout).
 
 mod common;
 #[path = "../tests/support/mod.rs"]
@@ -43,7 +57,7 @@ mod support;
 
 use std::sync::Arc;
 
-use common::floor::{floor_deliveries, floor_enqueue};
+use common::floor::{fair_floor_deliveries, floor_deliveries, floor_enqueue};
 use common::{
     connect, enqueue_all, env, fair, fair_batched, fair_with, interleaved, measure, raw_backlog,
     raw_connections, raw_pair, Rate, CLIENTS, CYCLES,
@@ -159,6 +173,10 @@ fn main() {
         let mut tens = Vec::new();
         let mut batched_tens = Vec::new();
         let (mut floors, mut batched_floors) = (Vec::new(), Vec::new());
+        let (mut fair_floors, mut batched_fair_floors) = (Vec::new(), Vec::new());
+        let (mut shared_floors, mut batched_shared_floors) = (Vec::new(), Vec::new());
+        // the fair floor on the other layout too, on request (see the header)
+        let shared_layout = std::env::var_os("BENCH_SHARED_FLOOR").is_some();
         // the floor's backlog: the fair phases' envelopes
         let floor_envs = interleaved(10, 2 * CYCLES / 10);
         for round in 1..=ROUNDS {
@@ -188,7 +206,29 @@ fn main() {
             );
             floors.push(f);
             batched_floors.push(b);
+            let f = fair_floor_deliveries(&url, &floor_envs, CLIENTS, 1, CYCLES, false).await;
+            let b = fair_floor_deliveries(&url, &floor_envs, BATCH_CLIENTS, BATCH, CYCLES, false).await;
+            println!(
+                "[{round}] fair floor k=1, {CLIENTS} clients, 10 tenants: {:>9.0} deliveries/s (Redis CPU {:.1} us/delivery), k={BATCH}, {BATCH_CLIENTS} clients: {:>9.0} deliveries/s (Redis CPU {:.1} us/delivery)",
+                f.per_s, f.redis_us, b.per_s, b.redis_us
+            );
+            fair_floors.push(f);
+            batched_fair_floors.push(b);
+            if !shared_layout {
+                continue;
+            }
+            let f = fair_floor_deliveries(&url, &floor_envs, CLIENTS, 1, CYCLES, true).await;
+            let b = fair_floor_deliveries(&url, &floor_envs, BATCH_CLIENTS, BATCH, CYCLES, true).await;
+            println!(
+                "[{round}] fair floor, shared state, k=1, {CLIENTS} clients, 10 tenants: {:>9.0} deliveries/s (Redis CPU {:.1} us/delivery), k={BATCH}, {BATCH_CLIENTS} clients: {:>9.0} deliveries/s (Redis CPU {:.1} us/delivery)",
+                f.per_s, f.redis_us, b.per_s, b.redis_us
+            );
+            shared_floors.push(f);
+            batched_shared_floors.push(b);
         }
+        let (fair_floor_cpu, batched_fair_floor_cpu) =
+            (median_cpu(&fair_floors), median_cpu(&batched_fair_floors));
+        let fair_floor = median(fair_floors);
         let (floor_cpu, batched_floor_cpu) = (median_cpu(&floors), median_cpu(&batched_floors));
         let (floor, batched_floor) = (median(floors), median(batched_floors));
         let raw_cpu = median_cpu(&raws);
@@ -229,6 +269,29 @@ fn main() {
             batched_floor.per_s / raw.per_s,
             batched_floor_cpu / raw_cpu,
         );
+        println!(
+            "median fair floor: k=1 {:.0}/s ({fair_floor_cpu:.1} us): {:.2}x raw, k={BATCH} ({batched_fair_floor_cpu:.1} us): Redis CPU {:.2}x raw's",
+            fair_floor.per_s,
+            fair_floor.per_s / raw.per_s,
+            batched_fair_floor_cpu / raw_cpu,
+        );
+        // RESULT's fields for the fair floor on the other layout, when run
+        let mut shared_result = String::new();
+        if shared_layout {
+            let batched_shared_floor_cpu = median_cpu(&batched_shared_floors);
+            let shared_floor = median(shared_floors);
+            println!(
+                "median fair floor, shared state: k=1 {:.0}/s: {:.2}x raw, k={BATCH} ({batched_shared_floor_cpu:.1} us): Redis CPU {:.2}x raw's",
+                shared_floor.per_s,
+                shared_floor.per_s / raw.per_s,
+                batched_shared_floor_cpu / raw_cpu,
+            );
+            shared_result = format!(
+                " shared_floor_vs_raw={:.3} shared_floor_cpu_vs_raw={:.3}",
+                shared_floor.per_s / raw.per_s,
+                batched_shared_floor_cpu / raw_cpu
+            );
+        }
         println!("Redis CPU per delivery (us), against the raw pair's {raw_cpu:.1} us:");
         for (tenants, one, many) in &table {
             println!(
@@ -321,8 +384,13 @@ fn main() {
         let floor_cpu_vs_raw = batched_floor_cpu / raw_cpu;
         // what the scheduler adds to the floor, in Redis CPU, at k = BATCH
         let batch_cpu_vs_floor = batched_cpu / batched_floor_cpu;
+        // the fair floor: the least deficit round robin on this layout
+        let fair_floor_vs_raw = fair_floor.per_s / raw.per_s;
+        let fair_floor_cpu_vs_raw = batched_fair_floor_cpu / raw_cpu;
+        // what the store adds to the least deficit round robin, at k = BATCH
+        let batch_cpu_vs_fair_floor = batched_cpu / batched_fair_floor_cpu;
         println!(
-            "RESULT fair_vs_raw={fair_vs_raw:.3} batch_vs_raw={batch_vs_raw:.3} redis_cpu_vs_raw={redis_cpu_vs_raw:.3} flat_40k_vs_10={flat:.3} enqueue_per_s={:.0} enqueue_vs_raw={enqueue_vs_raw:.3} rate_limited_vs_unlimited={rate_limited_vs_unlimited:.3} endpoint_isolated_vs_tenant={endpoint_isolated_vs_tenant:.3} floor_vs_raw={floor_vs_raw:.3} floor_batch_vs_raw={floor_batch_vs_raw:.3} floor_cpu_vs_raw={floor_cpu_vs_raw:.3} floor_enqueue_vs_raw={floor_enqueue_vs_raw:.3} batch_cpu_vs_floor={batch_cpu_vs_floor:.3}",
+            "RESULT fair_vs_raw={fair_vs_raw:.3} batch_vs_raw={batch_vs_raw:.3} redis_cpu_vs_raw={redis_cpu_vs_raw:.3} flat_40k_vs_10={flat:.3} enqueue_per_s={:.0} enqueue_vs_raw={enqueue_vs_raw:.3} rate_limited_vs_unlimited={rate_limited_vs_unlimited:.3} endpoint_isolated_vs_tenant={endpoint_isolated_vs_tenant:.3} floor_vs_raw={floor_vs_raw:.3} floor_batch_vs_raw={floor_batch_vs_raw:.3} floor_cpu_vs_raw={floor_cpu_vs_raw:.3} floor_enqueue_vs_raw={floor_enqueue_vs_raw:.3} batch_cpu_vs_floor={batch_cpu_vs_floor:.3} fair_floor_vs_raw={fair_floor_vs_raw:.3} fair_floor_cpu_vs_raw={fair_floor_cpu_vs_raw:.3} batch_cpu_vs_fair_floor={batch_cpu_vs_fair_floor:.3}{shared_result}",
             enqueue.per_s
         );
     });

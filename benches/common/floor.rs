@@ -10,8 +10,10 @@
 //! A fair delivery cannot cost less than this on this layout, so the
 //! floor measured in the same run says how far a bar stated against the
 //! raw pair can be met at all, and the fair phase over the floor says
-//! what the scheduler adds. Bench-only: nothing here is how the store
-//! works.
+//! what the scheduler adds. The fair floor ([`FAIR_LEASE_ACK`]) adds the
+//! least deficit round robin to it: what any fair scheduler on this layout
+//! costs, so the store's phase over it says what the store's own checks
+//! and features add. Bench-only: nothing here is how the store works.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -177,6 +179,328 @@ pub async fn floor_enqueue(url: &str, envs: &[Envelope]) -> Rate {
     rate
 }
 
+/// The fair floor: [`LEASE_ACK`] plus the least of deficit round robin
+/// that the store's layout allows, and nothing else: no pause, breaker,
+/// rate limit, endpoint, tier, weight, maintenance, wake-up, scan budget
+/// or argument check. The keys are the store's: a ring of tenants, per
+/// tenant a lane of envelopes stored whole and a hash of its state (`d`
+/// deficit in us, `f` in flight, `e` estimate in us, `k` 1 while parked at
+/// its cap), the leases and bodies as in [`LEASE_ACK`], worker-us per
+/// tenant in one hash. ARGV: lease_ms, token, k, n, then n pairs (lease
+/// member, elapsed us); a member is `charge\nleased ms\nid\ntenant\ntoken.j`,
+/// the store's. Per call: the acks' ZMSCORE, ZREM and HDEL; per tenant
+/// acked, its state read and written once and its worker-us added
+/// (HINCRBY), and back on the ring when an ack frees its cap; per turn at
+/// the ring's head, its state read, a run of envelopes popped in one LPOP
+/// (while it is in credit and under its cap), whether its lane is empty
+/// (LLEN), its state written and its place on the ring moved; then one
+/// ZADD of the leases and one HSET of their bodies. Returns n statuses,
+/// then (member, entry, false) per lease, as the store's batch does.
+const FAIR_LEASE_ACK: &str = r#"
+local P = KEYS[1]
+local lease_ms, token, k, n = tonumber(ARGV[1]), ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[4])
+local QUANTUM, CAP, RING = 2000000, 8, P .. ':ring'
+local clock = redis.call('TIME')
+local now = tonumber(clock[1]) * 1000 + math.floor(tonumber(clock[2]) / 1000)
+local out = {}
+if n > 0 then
+  local members = {}
+  for i = 1, n do members[i] = ARGV[3 + 2 * i] end
+  local held = redis.call('ZMSCORE', P .. ':leases', unpack(members))
+  redis.call('ZREM', P .. ':leases', unpack(members))
+  redis.call('HDEL', P .. ':lb', unpack(members))
+  local order, acks = {}, {}
+  for i = 1, n do
+    if held[i] then
+      out[i] = 'OK'
+      local m = members[i]
+      local a = string.find(m, '\n', 1, true)
+      local b = string.find(m, '\n', a + 1, true)
+      local c = string.find(m, '\n', b + 1, true)
+      local t = string.sub(m, c + 1, string.find(m, '\n', c + 1, true) - 1)
+      local g = acks[t]
+      if not g then
+        g = {}
+        acks[t] = g
+        order[#order + 1] = t
+      end
+      g[#g + 1] = tonumber(string.sub(m, 1, a - 1))
+      g[#g + 1] = tonumber(ARGV[4 + 2 * i])
+    else
+      out[i] = 'STALE'
+    end
+  end
+  for _, t in ipairs(order) do
+    local tk = P .. ':t:' .. t
+    local st = redis.call('HMGET', tk, 'd', 'f', 'e', 'k')
+    local d, f, e = tonumber(st[1]), tonumber(st[2]), tonumber(st[3])
+    local g, us = acks[t], 0
+    for j = 1, #g, 2 do
+      d = d + g[j] - g[j + 1]
+      e = math.floor(e + 0.3 * (g[j + 1] - e) + 0.5)
+      us = us + g[j + 1]
+      f = f - 1
+    end
+    if st[4] == '1' then
+      redis.call('HSET', tk, 'd', d, 'f', f, 'e', e, 'k', '0')
+      redis.call('RPUSH', RING, t)
+    else
+      redis.call('HSET', tk, 'd', d, 'f', f, 'e', e)
+    end
+    redis.call('HINCRBY', P .. ':attr', t, us)
+  end
+end
+local pending, bodies, leased, steps = {}, {}, 0, 0
+local deadline, at = string.format('%d', now + lease_ms), string.format('%d', now)
+while leased < k and steps < 100 do
+  steps = steps + 1
+  local t = redis.call('LINDEX', RING, 0)
+  if not t then break end
+  local tk = P .. ':t:' .. t
+  local st = redis.call('HMGET', tk, 'd', 'f', 'e')
+  local d, f, e = tonumber(st[1]), tonumber(st[2]), tonumber(st[3])
+  if d <= 0 then
+    redis.call('LMOVE', RING, RING, 'LEFT', 'RIGHT')
+    redis.call('HSET', tk, 'd', d + QUANTUM)
+  else
+    local room, run = math.min(CAP - f, k - leased), 1
+    while run < room and d - e * run > 0 do run = run + 1 end
+    local lane = P .. ':q:' .. t
+    local items = redis.call('LPOP', lane, run) or {}
+    local head, tail = st[3] .. '\n' .. at .. '\n', '\n' .. t .. '\n' .. token .. '.'
+    for j, item in ipairs(items) do
+      local m = head .. string.sub(item, 1, string.find(item, '\n', 1, true) - 1) .. tail .. (leased + j)
+      pending[#pending + 1] = deadline
+      pending[#pending + 1] = m
+      bodies[#bodies + 1] = m
+      bodies[#bodies + 1] = item
+      local o = #out
+      out[o + 1] = m
+      out[o + 2] = item
+      out[o + 3] = false
+    end
+    leased = leased + #items
+    d, f = d - e * #items, f + #items
+    if #items < run or redis.call('LLEN', lane) == 0 then
+      redis.call('LPOP', RING)
+      redis.call('HSET', tk, 'd', math.min(d, 0), 'f', f, 'r', '0')
+    elseif f >= CAP then
+      redis.call('LPOP', RING)
+      redis.call('HSET', tk, 'd', d, 'f', f, 'k', '1')
+    elseif d <= 0 then
+      redis.call('LMOVE', RING, RING, 'LEFT', 'RIGHT')
+      redis.call('HSET', tk, 'd', d + QUANTUM, 'f', f)
+    else
+      redis.call('HSET', tk, 'd', d, 'f', f)
+    end
+  end
+end
+if #pending > 0 then
+  redis.call('ZADD', P .. ':leases', unpack(pending))
+  redis.call('HSET', P .. ':lb', unpack(bodies))
+end
+return out
+"#;
+
+/// [`FAIR_LEASE_ACK`] on another layout: every tenant's state in one
+/// field of one hash (`d f e k w`, the last its worker-us), so that a call
+/// reads the state of the tenants it acks and the first four at the ring's
+/// head in one HMGET (a turn past them reads its own with HGET) and writes
+/// what changed in one HSET, and the ring's changes as one
+/// LTRIM of the turns taken and one RPUSH of the tenants back at its tail.
+/// The turns are the same: the tenants at the ring's head (one LRANGE of
+/// up to 16; a batch that would look past them stops short), each
+/// leasing a run while in credit and under its cap, popped from its lane
+/// per turn. Same ARGV and answer as [`FAIR_LEASE_ACK`].
+const FAIR_SHARED_LEASE_ACK: &str = r#"
+local P = KEYS[1]
+local lease_ms, token, k, n = tonumber(ARGV[1]), ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[4])
+local QUANTUM, CAP, RING, TS = 2000000, 8, P .. ':ring', P .. ':ts'
+local clock = redis.call('TIME')
+local now = tonumber(clock[1]) * 1000 + math.floor(tonumber(clock[2]) / 1000)
+local out = {}
+local order, acks = {}, {}
+if n > 0 then
+  local members = {}
+  for i = 1, n do members[i] = ARGV[3 + 2 * i] end
+  local held = redis.call('ZMSCORE', P .. ':leases', unpack(members))
+  redis.call('ZREM', P .. ':leases', unpack(members))
+  redis.call('HDEL', P .. ':lb', unpack(members))
+  for i = 1, n do
+    if held[i] then
+      out[i] = 'OK'
+      local m = members[i]
+      local a = string.find(m, '\n', 1, true)
+      local b = string.find(m, '\n', a + 1, true)
+      local c = string.find(m, '\n', b + 1, true)
+      local t = string.sub(m, c + 1, string.find(m, '\n', c + 1, true) - 1)
+      local g = acks[t]
+      if not g then
+        g = {}
+        acks[t] = g
+        order[#order + 1] = t
+      end
+      g[#g + 1] = tonumber(string.sub(m, 1, a - 1))
+      g[#g + 1] = tonumber(ARGV[4 + 2 * i])
+    else
+      out[i] = 'STALE'
+    end
+  end
+end
+-- the tenants this call may touch: those acked and the first few at the
+-- ring's head, read in one HMGET (a turn past them reads its own)
+local ring = k > 0 and redis.call('LRANGE', RING, 0, 15) or {}
+local names, seen = {}, {}
+for _, t in ipairs(order) do
+  if not seen[t] then seen[t] = true; names[#names + 1] = t end
+end
+for i = 1, math.min(#ring, 4) do
+  local t = ring[i]
+  if not seen[t] then seen[t] = true; names[#names + 1] = t end
+end
+local state, touched = {}, {}
+local function parse(t, v)
+  local d, f, e, kk, w = string.match(v, '^(%S+) (%S+) (%S+) (%S+) (%S+)$')
+  state[t] = { tonumber(d), tonumber(f), tonumber(e), kk, tonumber(w) }
+end
+if #names > 0 then
+  local v = redis.call('HMGET', TS, unpack(names))
+  for i, t in ipairs(names) do parse(t, v[i]) end
+end
+local function get(t)
+  local s = state[t]
+  if not s then
+    parse(t, redis.call('HGET', TS, t))
+    s = state[t]
+  end
+  touched[t] = true
+  return s
+end
+-- the ring after this call: its first `taken` entries go, `tail` joins it
+local tail, taken = {}, 0
+for _, t in ipairs(order) do
+  local s, g = get(t), acks[t]
+  for j = 1, #g, 2 do
+    s[1] = s[1] + g[j] - g[j + 1]
+    s[3] = math.floor(s[3] + 0.3 * (g[j + 1] - s[3]) + 0.5)
+    s[5] = s[5] + g[j + 1]
+    s[2] = s[2] - 1
+  end
+  if s[4] == '1' then
+    s[4] = '0'
+    tail[#tail + 1] = t
+  end
+end
+local pending, bodies, leased, steps = {}, {}, 0, 0
+local deadline, at = string.format('%d', now + lease_ms), string.format('%d', now)
+-- the turns: the known ring, then the tenants joining its tail (while the
+-- whole ring is known)
+local head, known = 1, #ring < 16
+while leased < k and steps < 100 do
+  steps = steps + 1
+  local t
+  if head <= #ring then
+    t = ring[head]
+  elseif known and head - #ring <= #tail then
+    t = tail[head - #ring]
+  else
+    break
+  end
+  local s = get(t)
+  if s[1] <= 0 then
+    s[1] = s[1] + QUANTUM
+    tail[#tail + 1] = t
+    head = head + 1
+  else
+    local d, f, e = s[1], s[2], s[3]
+    local room, run = math.min(CAP - f, k - leased), 1
+    while run < room and d - e * run > 0 do run = run + 1 end
+    local lane = P .. ':q:' .. t
+    local items = redis.call('LPOP', lane, run) or {}
+    local mh, mt = e .. '\n' .. at .. '\n', '\n' .. t .. '\n' .. token .. '.'
+    for j, item in ipairs(items) do
+      local m = mh .. string.sub(item, 1, string.find(item, '\n', 1, true) - 1) .. mt .. (leased + j)
+      pending[#pending + 1] = deadline
+      pending[#pending + 1] = m
+      bodies[#bodies + 1] = m
+      bodies[#bodies + 1] = item
+      local o = #out
+      out[o + 1] = m
+      out[o + 2] = item
+      out[o + 3] = false
+    end
+    leased = leased + #items
+    d, f = d - e * #items, f + #items
+    s[2] = f
+    if #items < run or redis.call('LLEN', lane) == 0 then
+      s[1] = math.min(d, 0)
+      head = head + 1
+    elseif f >= CAP then
+      s[1], s[4] = d, '1'
+      head = head + 1
+    elseif d <= 0 then
+      s[1] = d + QUANTUM
+      tail[#tail + 1] = t
+      head = head + 1
+    else
+      s[1] = d
+    end
+  end
+end
+taken = head - 1
+-- turns taken from the tail's own entries leave them there no longer
+local moved = {}
+for i = math.max(taken - #ring, 0) + 1, #tail do moved[#moved + 1] = tail[i] end
+if taken > 0 then redis.call('LTRIM', RING, math.min(taken, #ring), -1) end
+if #moved > 0 then redis.call('RPUSH', RING, unpack(moved)) end
+local set = {}
+for t in pairs(touched) do
+  local s = state[t]
+  set[#set + 1] = t
+  set[#set + 1] = s[1] .. ' ' .. s[2] .. ' ' .. s[3] .. ' ' .. s[4] .. ' ' .. s[5]
+end
+if #set > 0 then redis.call('HSET', TS, unpack(set)) end
+if #pending > 0 then
+  redis.call('ZADD', P .. ':leases', unpack(pending))
+  redis.call('HSET', P .. ':lb', unpack(bodies))
+end
+return out
+"#;
+
+/// The fair floor's backlog: `envs` stored whole in their tenants' lanes
+/// (the layout [`ENQUEUE`] gives, one lane per tenant), each tenant's
+/// state fresh (a full quantum, nothing in flight, the estimate the
+/// bench's deliveries take) and on the ring in order of first envelope.
+async fn fair_backlog(url: &str, p: &str, envs: &[Envelope], shared: bool) {
+    let mut conn = raw_connections(url, 1).await.pop().unwrap();
+    let mut tenants: Vec<&str> = Vec::new();
+    for chunk in envs.chunks(1000) {
+        let mut pipe = redis::pipe();
+        for (i, e) in chunk.iter().enumerate() {
+            if !tenants.contains(&e.tenant.as_str()) {
+                tenants.push(&e.tenant);
+                let fresh = [("d", "2000000"), ("f", "0"), ("e", "20000"), ("k", "0")];
+                if shared {
+                    pipe.hset(format!("{p}:ts"), &e.tenant, "2000000 0 20000 0 0")
+                        .ignore();
+                } else {
+                    pipe.hset_multiple(format!("{p}:t:{}", e.tenant), &fresh)
+                        .ignore();
+                }
+                pipe.rpush(format!("{p}:ring"), &e.tenant).ignore();
+            }
+            let entry = format!(
+                "{}\n{i}\n0\n{}\n{}",
+                e.id,
+                e.endpoint_name(),
+                serde_json::to_string(&e.payload).unwrap()
+            );
+            pipe.rpush(format!("{p}:q:{}", e.tenant), entry).ignore();
+        }
+        let () = pipe.query_async(&mut conn).await.unwrap();
+    }
+}
+
 /// `ops` floor deliveries by `clients` clients, each acking what it holds
 /// and leasing up to `k` more per call, from a backlog of `envs` stored
 /// with the floor's enqueue (set up unmeasured).
@@ -189,11 +513,52 @@ pub async fn floor_deliveries(
 ) -> Rate {
     let p = prefix();
     enqueue(url, &p, envs).await;
-    let script = redis::Script::new(LEASE_ACK);
+    // an ack names the id and the lease
+    let acked = |l: &[Option<String>]| (l[0].clone().unwrap(), l[2].clone().unwrap());
+    deliveries(url, &p, LEASE_ACK, clients, k, ops, acked).await
+}
+
+/// `ops` fair-floor deliveries ([`FAIR_LEASE_ACK`]) by `clients` clients,
+/// each acking what it holds (20 ms each) and leasing up to `k` more per
+/// call, from a backlog of `envs` set up unmeasured.
+/// With `shared`, on the layout of [`FAIR_SHARED_LEASE_ACK`].
+pub async fn fair_floor_deliveries(
+    url: &str,
+    envs: &[Envelope],
+    clients: usize,
+    k: usize,
+    ops: u64,
+    shared: bool,
+) -> Rate {
+    let p = prefix();
+    fair_backlog(url, &p, envs, shared).await;
+    // an ack names the lease and the time its delivery took
+    let acked = |l: &[Option<String>]| (l[0].clone().unwrap(), "20000".to_string());
+    let script = if shared {
+        FAIR_SHARED_LEASE_ACK
+    } else {
+        FAIR_LEASE_ACK
+    };
+    deliveries(url, &p, script, clients, k, ops, acked).await
+}
+
+/// The measured loop of both floors: `ops` deliveries by `clients`
+/// clients of `script` (ARGV lease_ms, token, k, n, then n pairs, which
+/// `acked` makes of each lease's three items), then the prefix deleted.
+async fn deliveries(
+    url: &str,
+    p: &str,
+    script: &str,
+    clients: usize,
+    k: usize,
+    ops: u64,
+    acked: fn(&[Option<String>]) -> (String, String),
+) -> Rate {
+    let script = redis::Script::new(script);
     let left = Arc::new(AtomicU64::new(ops));
     let conns = raw_connections(url, clients).await;
     let phase = {
-        let p = p.clone();
+        let p = p.to_string();
         async move {
             let mut tasks = Vec::new();
             for (c, mut conn) in conns.into_iter().enumerate() {
@@ -213,17 +578,14 @@ pub async fn floor_deliveries(
                         }
                         let mut inv = script.key(&p);
                         inv.arg(60_000).arg(&token).arg(want).arg(held.len());
-                        for (id, member) in &held {
-                            inv.arg(id).arg(member);
+                        for (a, b) in &held {
+                            inv.arg(a).arg(b);
                         }
-                        let out: Vec<String> = inv.invoke_async(&mut conn).await.unwrap();
+                        let out: Vec<Option<String>> = inv.invoke_async(&mut conn).await.unwrap();
                         let (acks, leased) = out.split_at(held.len());
-                        assert!(acks.iter().all(|a| a == "OK"));
+                        assert!(acks.iter().all(|a| a.as_deref() == Some("OK")));
                         assert_eq!(leased.len() as u64, 3 * want, "the floor's backlog ran out");
-                        held = leased
-                            .chunks(3)
-                            .map(|l| (l[0].clone(), l[2].clone()))
-                            .collect();
+                        held = leased.chunks(3).map(acked).collect();
                     }
                 }));
             }
@@ -233,7 +595,7 @@ pub async fn floor_deliveries(
         }
     };
     let rate = measure(url, ops, phase).await;
-    drop_prefix(url, &p).await;
+    drop_prefix(url, p).await;
     rate
 }
 
