@@ -1285,6 +1285,62 @@ async fn a_tiers_limit_applies_and_a_tenants_own_entry_wins() {
 }
 
 #[tokio::test]
+async fn a_lease_writes_its_tenants_bucket_as_the_numbers_it_holds() {
+    // The bucket's level and time go to Redis as a whole number's digits
+    // (int_text, ms_text) rather than as numbers Redis formats itself;
+    // a level past 2^53 micro-tokens goes as a number, which Redis writes
+    // with "%.17g" (past 10^17 in an exponent, where '%d' would not). Each
+    // must read back as the number the lease left.
+    let policy = QueuePolicy {
+        rate_limits: lanekeeper::policy::RateLimits {
+            default: Some(limit(1.0, 3.0)),
+            tenants: [("vast".to_string(), limit(1.0, 1e12))].into(),
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    let s = store(policy).await;
+    let t0 = 1_700_000_000_123u64;
+    s.set_virtual_clock(Q, t0).await.unwrap();
+    fill(&s, Q, "acme", 2).await;
+    fill(&s, Q, "vast", 2).await;
+    let (mut got, _) = lease_acking(&s, 4).await;
+    got.sort();
+    assert_eq!(
+        got,
+        ["acme", "acme", "vast", "vast"],
+        "every envelope, the clock standing"
+    );
+    let p = s.queue_prefix(Q);
+    let raw = raw_conn().await;
+    let bucket = |t: &str| {
+        let mut raw = raw.clone();
+        let key = lanekeeper::store::keys::tenant(&p, t);
+        async move {
+            let got: (String, String) = redis::cmd("HMGET")
+                .arg(key)
+                .arg("tk")
+                .arg("tu")
+                .query_async(&mut raw)
+                .await
+                .unwrap();
+            got
+        }
+    };
+    assert_eq!(
+        bucket("acme").await,
+        ("1000000".to_string(), t0.to_string()),
+        "a full bucket less two tokens, at the clock, as whole numbers' digits"
+    );
+    let (tk, tu) = bucket("vast").await;
+    let level: f64 = tk.parse().unwrap();
+    assert!(
+        tk.contains("e+") && (level - (1e18 - 2e6)).abs() <= 256.0 && tu == t0.to_string(),
+        "a level past 2^53 as Redis formats a number (not '%d'), which reads back: {tk} at {tu}"
+    );
+}
+
+#[tokio::test]
 async fn rate_limits_survive_hostile_state() {
     // A bucket field overwritten with garbage, a P:limits entry that does
     // not parse, one whose endpoint burst is infinite (its bucket's expiry

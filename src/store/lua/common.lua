@@ -183,6 +183,19 @@ local function istr(n)
   return s
 end
 
+-- A number argument as its digits: a whole number goes as an integer's
+-- digits, any other (a fraction, nan, inf, or past 2^53, where %d and
+-- %.17g differ) as it is, for Redis to format. Worth it only for large
+-- numbers: Redis formats a number argument with "%.17g", which costs some
+-- 2,300 instructions for a deficit or a counter (string.format's '%d'
+-- costs about as much) and well over 3,000 for a bucket level of 10^12
+-- micro-tokens.
+local EXACT = 2 ^ 53
+local function int_text(x)
+  if x % 1 == 0 and x < EXACT and x > -EXACT then return string.format('%d', x) end
+  return x
+end
+
 -- A stored number, or `default` when absent or not a finite number (nan
 -- or inf written behind the scripts' back must neither fail a later
 -- command nor wedge a comparison). Absent and '0' (most counters and

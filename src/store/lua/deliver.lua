@@ -1,4 +1,4 @@
--- Helpers (common.lua): istr, num, ms_text, lease_member, parse_lease, end_lease, end_leases, tkey, lane,
+-- Helpers (common.lua): istr, int_text, num, ms_text, lease_member, parse_lease, end_lease, end_leases, tkey, lane,
 --   eplane, ezkey, has_ready, ekey, adopt, item_id, item_record, leased_endpoint, forget_bodies, quantum,
 --   cap_of, ep_cap, block_of, ep_after, limit_of, bucket_level, token_due, endpoint_gate, spend_endpoint,
 --   wake, breaker_gate, breaker_record, unblock_due, paced_until, pace_clear, estimate_after, settle,
@@ -232,7 +232,7 @@ local function lease_next(lease_ms, token, budget, now, batch)
       level = bucket_level(tonumber(st[9]), num(st[10], now), lim.rate, lim.cap, now)
       if level < ONE_TOKEN then
         throttled = true
-        park(t, tk, token_due(level, lim.rate, now), now, { 'tk', level, 'tu', now })
+        park(t, tk, token_due(level, lim.rate, now), now, { 'tk', int_text(level), 'tu', ms_text(now) })
       end
     end
     -- item: the lane item popped (see lane_item); ids: the run popped (nil:
@@ -400,7 +400,7 @@ local function lease_next(lease_ms, token, budget, now, batch)
         d = d - e
         f = f + 1
         local set = { 'd', d, 'f', istr(f) }
-        if level then set[5] = 'tk'; set[6] = level - ONE_TOKEN; set[7] = 'tu'; set[8] = now end
+        if level then set[5] = 'tk'; set[6] = int_text(level - ONE_TOKEN); set[7] = 'tu'; set[8] = ms_text(now) end
         if ekk then spend_endpoint(ekk, elevel, lim, now) end
         if lep then
           -- the endpoint's slot, and the tenant's virtual clock at this lease's start
