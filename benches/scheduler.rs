@@ -47,7 +47,8 @@
 //! batch_cpu_vs_floor=<k=16 fair Redis CPU per delivery over the floor's>
 //! fair_floor_vs_raw=<the fair floor's k=1 rate over the raw rate>
 //! fair_floor_cpu_vs_raw=<its k=16 Redis CPU per delivery over the raw pair's>
-//! batch_cpu_vs_fair_floor=<k=16 fair Redis CPU per delivery over the fair floor's>`,
+//! batch_cpu_vs_fair_floor=<k=16 fair Redis CPU per delivery over the fair floor's>
+//! fair_vs_fair_floor=<the k=1 fair rate over the fair floor's>`,
 //! and with `BENCH_SHARED_FLOOR=1` `shared_floor_vs_raw=<x>
 //! shared_floor_cpu_vs_raw=<y>` after them (the same two on the shared layout).
 
@@ -389,8 +390,10 @@ fn main() {
         let fair_floor_cpu_vs_raw = batched_fair_floor_cpu / raw_cpu;
         // what the store adds to the least deficit round robin, at k = BATCH
         let batch_cpu_vs_fair_floor = batched_cpu / batched_fair_floor_cpu;
+        // and its k = 1 rate over the fair floor's
+        let fair_vs_fair_floor = fair_rates[0].per_s / fair_floor.per_s;
         println!(
-            "RESULT fair_vs_raw={fair_vs_raw:.3} batch_vs_raw={batch_vs_raw:.3} redis_cpu_vs_raw={redis_cpu_vs_raw:.3} flat_40k_vs_10={flat:.3} enqueue_per_s={:.0} enqueue_vs_raw={enqueue_vs_raw:.3} rate_limited_vs_unlimited={rate_limited_vs_unlimited:.3} endpoint_isolated_vs_tenant={endpoint_isolated_vs_tenant:.3} floor_vs_raw={floor_vs_raw:.3} floor_batch_vs_raw={floor_batch_vs_raw:.3} floor_cpu_vs_raw={floor_cpu_vs_raw:.3} floor_enqueue_vs_raw={floor_enqueue_vs_raw:.3} batch_cpu_vs_floor={batch_cpu_vs_floor:.3} fair_floor_vs_raw={fair_floor_vs_raw:.3} fair_floor_cpu_vs_raw={fair_floor_cpu_vs_raw:.3} batch_cpu_vs_fair_floor={batch_cpu_vs_fair_floor:.3}{shared_result}",
+            "RESULT fair_vs_raw={fair_vs_raw:.3} batch_vs_raw={batch_vs_raw:.3} redis_cpu_vs_raw={redis_cpu_vs_raw:.3} flat_40k_vs_10={flat:.3} enqueue_per_s={:.0} enqueue_vs_raw={enqueue_vs_raw:.3} rate_limited_vs_unlimited={rate_limited_vs_unlimited:.3} endpoint_isolated_vs_tenant={endpoint_isolated_vs_tenant:.3} floor_vs_raw={floor_vs_raw:.3} floor_batch_vs_raw={floor_batch_vs_raw:.3} floor_cpu_vs_raw={floor_cpu_vs_raw:.3} floor_enqueue_vs_raw={floor_enqueue_vs_raw:.3} batch_cpu_vs_floor={batch_cpu_vs_floor:.3} fair_floor_vs_raw={fair_floor_vs_raw:.3} fair_floor_cpu_vs_raw={fair_floor_cpu_vs_raw:.3} batch_cpu_vs_fair_floor={batch_cpu_vs_fair_floor:.3} fair_vs_fair_floor={fair_vs_fair_floor:.3}{shared_result}",
             enqueue.per_s
         );
     });
