@@ -160,6 +160,37 @@ fn median(mut runs: Vec<Rate>) -> Rate {
     runs[runs.len() / 2]
 }
 
+/// The floors a round measures beside the store (see `common::floor`).
+#[derive(Clone, Copy)]
+enum Floor {
+    Scripted,
+    Fair,
+    FairShared,
+}
+
+/// One round of `floor` over a backlog of `envs`: k = 1 with CLIENTS
+/// clients, then k = BATCH with BATCH_CLIENTS, printed as one line.
+async fn floor_round(url: &str, envs: &[Envelope], floor: Floor, round: usize) -> (Rate, Rate) {
+    let run = |clients, k| async move {
+        match floor {
+            Floor::Scripted => floor_deliveries(url, envs, clients, k, CYCLES).await,
+            Floor::Fair => fair_floor_deliveries(url, envs, clients, k, CYCLES, false).await,
+            Floor::FairShared => fair_floor_deliveries(url, envs, clients, k, CYCLES, true).await,
+        }
+    };
+    let (f, b) = (run(CLIENTS, 1).await, run(BATCH_CLIENTS, BATCH).await);
+    let name = match floor {
+        Floor::Scripted => "scripted floor",
+        Floor::Fair => "fair floor",
+        Floor::FairShared => "fair floor, shared state,",
+    };
+    println!(
+        "[{round}] {name} k=1, {CLIENTS} clients: {:>9.0} deliveries/s (Redis CPU {:.1} us/delivery), k={BATCH}, {BATCH_CLIENTS} clients: {:>9.0} deliveries/s (Redis CPU {:.1} us/delivery)",
+        f.per_s, f.redis_us, b.per_s, b.redis_us
+    );
+    (f, b)
+}
+
 fn main() {
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -199,33 +230,17 @@ fn main() {
                 b.per_s, b.redis_us
             );
             batched_tens.push(b);
-            let f = floor_deliveries(&url, &floor_envs, CLIENTS, 1, CYCLES).await;
-            let b = floor_deliveries(&url, &floor_envs, BATCH_CLIENTS, BATCH, CYCLES).await;
-            println!(
-                "[{round}] scripted floor k=1, {CLIENTS} clients: {:>9.0} deliveries/s (Redis CPU {:.1} us/delivery), k={BATCH}, {BATCH_CLIENTS} clients: {:>9.0} deliveries/s (Redis CPU {:.1} us/delivery)",
-                f.per_s, f.redis_us, b.per_s, b.redis_us
-            );
+            let (f, b) = floor_round(&url, &floor_envs, Floor::Scripted, round).await;
             floors.push(f);
             batched_floors.push(b);
-            let f = fair_floor_deliveries(&url, &floor_envs, CLIENTS, 1, CYCLES, false).await;
-            let b = fair_floor_deliveries(&url, &floor_envs, BATCH_CLIENTS, BATCH, CYCLES, false).await;
-            println!(
-                "[{round}] fair floor k=1, {CLIENTS} clients, 10 tenants: {:>9.0} deliveries/s (Redis CPU {:.1} us/delivery), k={BATCH}, {BATCH_CLIENTS} clients: {:>9.0} deliveries/s (Redis CPU {:.1} us/delivery)",
-                f.per_s, f.redis_us, b.per_s, b.redis_us
-            );
+            let (f, b) = floor_round(&url, &floor_envs, Floor::Fair, round).await;
             fair_floors.push(f);
             batched_fair_floors.push(b);
-            if !shared_layout {
-                continue;
+            if shared_layout {
+                let (f, b) = floor_round(&url, &floor_envs, Floor::FairShared, round).await;
+                shared_floors.push(f);
+                batched_shared_floors.push(b);
             }
-            let f = fair_floor_deliveries(&url, &floor_envs, CLIENTS, 1, CYCLES, true).await;
-            let b = fair_floor_deliveries(&url, &floor_envs, BATCH_CLIENTS, BATCH, CYCLES, true).await;
-            println!(
-                "[{round}] fair floor, shared state, k=1, {CLIENTS} clients, 10 tenants: {:>9.0} deliveries/s (Redis CPU {:.1} us/delivery), k={BATCH}, {BATCH_CLIENTS} clients: {:>9.0} deliveries/s (Redis CPU {:.1} us/delivery)",
-                f.per_s, f.redis_us, b.per_s, b.redis_us
-            );
-            shared_floors.push(f);
-            batched_shared_floors.push(b);
         }
         let (fair_floor_cpu, batched_fair_floor_cpu) =
             (median_cpu(&fair_floors), median_cpu(&batched_fair_floors));

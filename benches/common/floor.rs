@@ -179,143 +179,16 @@ pub async fn floor_enqueue(url: &str, envs: &[Envelope]) -> Rate {
     rate
 }
 
-/// The fair floor: [`LEASE_ACK`] plus the least of deficit round robin
-/// that the store's layout allows, and nothing else: no pause, breaker,
-/// rate limit, endpoint, tier, weight, maintenance, wake-up, scan budget
-/// or argument check. The keys are the store's: a ring of tenants, per
-/// tenant a lane of envelopes stored whole and a hash of its state (`d`
-/// deficit in us, `f` in flight, `e` estimate in us, `k` 1 while parked at
-/// its cap), the leases and bodies as in [`LEASE_ACK`], worker-us per
-/// tenant in one hash. ARGV: lease_ms, token, k, n, then n pairs (lease
-/// member, elapsed us); a member is `charge\nleased ms\nid\ntenant\ntoken.j`,
-/// the store's. Per call: the acks' ZMSCORE, ZREM and HDEL; per tenant
-/// acked, its state read and written once and its worker-us added
-/// (HINCRBY), and back on the ring when an ack frees its cap; per turn at
-/// the ring's head, its state read, a run of envelopes popped in one LPOP
-/// (while it is in credit and under its cap), whether its lane is empty
-/// (LLEN), its state written and its place on the ring moved; then one
-/// ZADD of the leases and one HSET of their bodies. Returns n statuses,
-/// then (member, entry, false) per lease, as the store's batch does.
-const FAIR_LEASE_ACK: &str = r#"
+/// What both fair floors begin with: the call's arguments and clock, its
+/// acks (ZMSCORE, ZREM and HDEL for the call; `order` lists the tenants
+/// acked in order of their first ack, `acks[t]` each one's (charge,
+/// elapsed us) pairs), and `lease_run`, which leases a run of a tenant's
+/// lane items as the store's batch answers them, gathered for one ZADD and
+/// one HSET at the end ([`FAIR_FLUSH`]).
+const FAIR_ACKS: &str = r#"
 local P = KEYS[1]
 local lease_ms, token, k, n = tonumber(ARGV[1]), ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[4])
 local QUANTUM, CAP, RING = 2000000, 8, P .. ':ring'
-local clock = redis.call('TIME')
-local now = tonumber(clock[1]) * 1000 + math.floor(tonumber(clock[2]) / 1000)
-local out = {}
-if n > 0 then
-  local members = {}
-  for i = 1, n do members[i] = ARGV[3 + 2 * i] end
-  local held = redis.call('ZMSCORE', P .. ':leases', unpack(members))
-  redis.call('ZREM', P .. ':leases', unpack(members))
-  redis.call('HDEL', P .. ':lb', unpack(members))
-  local order, acks = {}, {}
-  for i = 1, n do
-    if held[i] then
-      out[i] = 'OK'
-      local m = members[i]
-      local a = string.find(m, '\n', 1, true)
-      local b = string.find(m, '\n', a + 1, true)
-      local c = string.find(m, '\n', b + 1, true)
-      local t = string.sub(m, c + 1, string.find(m, '\n', c + 1, true) - 1)
-      local g = acks[t]
-      if not g then
-        g = {}
-        acks[t] = g
-        order[#order + 1] = t
-      end
-      g[#g + 1] = tonumber(string.sub(m, 1, a - 1))
-      g[#g + 1] = tonumber(ARGV[4 + 2 * i])
-    else
-      out[i] = 'STALE'
-    end
-  end
-  for _, t in ipairs(order) do
-    local tk = P .. ':t:' .. t
-    local st = redis.call('HMGET', tk, 'd', 'f', 'e', 'k')
-    local d, f, e = tonumber(st[1]), tonumber(st[2]), tonumber(st[3])
-    local g, us = acks[t], 0
-    for j = 1, #g, 2 do
-      d = d + g[j] - g[j + 1]
-      e = math.floor(e + 0.3 * (g[j + 1] - e) + 0.5)
-      us = us + g[j + 1]
-      f = f - 1
-    end
-    if st[4] == '1' then
-      redis.call('HSET', tk, 'd', d, 'f', f, 'e', e, 'k', '0')
-      redis.call('RPUSH', RING, t)
-    else
-      redis.call('HSET', tk, 'd', d, 'f', f, 'e', e)
-    end
-    redis.call('HINCRBY', P .. ':attr', t, us)
-  end
-end
-local pending, bodies, leased, steps = {}, {}, 0, 0
-local deadline, at = string.format('%d', now + lease_ms), string.format('%d', now)
-while leased < k and steps < 100 do
-  steps = steps + 1
-  local t = redis.call('LINDEX', RING, 0)
-  if not t then break end
-  local tk = P .. ':t:' .. t
-  local st = redis.call('HMGET', tk, 'd', 'f', 'e')
-  local d, f, e = tonumber(st[1]), tonumber(st[2]), tonumber(st[3])
-  if d <= 0 then
-    redis.call('LMOVE', RING, RING, 'LEFT', 'RIGHT')
-    redis.call('HSET', tk, 'd', d + QUANTUM)
-  else
-    local room, run = math.min(CAP - f, k - leased), 1
-    while run < room and d - e * run > 0 do run = run + 1 end
-    local lane = P .. ':q:' .. t
-    local items = redis.call('LPOP', lane, run) or {}
-    local head, tail = st[3] .. '\n' .. at .. '\n', '\n' .. t .. '\n' .. token .. '.'
-    for j, item in ipairs(items) do
-      local m = head .. string.sub(item, 1, string.find(item, '\n', 1, true) - 1) .. tail .. (leased + j)
-      pending[#pending + 1] = deadline
-      pending[#pending + 1] = m
-      bodies[#bodies + 1] = m
-      bodies[#bodies + 1] = item
-      local o = #out
-      out[o + 1] = m
-      out[o + 2] = item
-      out[o + 3] = false
-    end
-    leased = leased + #items
-    d, f = d - e * #items, f + #items
-    if #items < run or redis.call('LLEN', lane) == 0 then
-      redis.call('LPOP', RING)
-      redis.call('HSET', tk, 'd', math.min(d, 0), 'f', f, 'r', '0')
-    elseif f >= CAP then
-      redis.call('LPOP', RING)
-      redis.call('HSET', tk, 'd', d, 'f', f, 'k', '1')
-    elseif d <= 0 then
-      redis.call('LMOVE', RING, RING, 'LEFT', 'RIGHT')
-      redis.call('HSET', tk, 'd', d + QUANTUM, 'f', f)
-    else
-      redis.call('HSET', tk, 'd', d, 'f', f)
-    end
-  end
-end
-if #pending > 0 then
-  redis.call('ZADD', P .. ':leases', unpack(pending))
-  redis.call('HSET', P .. ':lb', unpack(bodies))
-end
-return out
-"#;
-
-/// [`FAIR_LEASE_ACK`] on another layout: every tenant's state in one
-/// field of one hash (`d f e k w`, the last its worker-us), so that a call
-/// reads the state of the tenants it acks and the first four at the ring's
-/// head in one HMGET (a turn past them reads its own with HGET) and writes
-/// what changed in one HSET, and the ring's changes as one
-/// LTRIM of the turns taken and one RPUSH of the tenants back at its tail.
-/// The turns are the same: the tenants at the ring's head (one LRANGE of
-/// up to 16; a batch that would look past them stops short), each
-/// leasing a run while in credit and under its cap, popped from its lane
-/// per turn. Same ARGV and answer as [`FAIR_LEASE_ACK`].
-const FAIR_SHARED_LEASE_ACK: &str = r#"
-local P = KEYS[1]
-local lease_ms, token, k, n = tonumber(ARGV[1]), ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[4])
-local QUANTUM, CAP, RING, TS = 2000000, 8, P .. ':ring', P .. ':ts'
 local clock = redis.call('TIME')
 local now = tonumber(clock[1]) * 1000 + math.floor(tonumber(clock[2]) / 1000)
 local out = {}
@@ -347,6 +220,118 @@ if n > 0 then
     end
   end
 end
+local pending, bodies, leased = {}, {}, 0
+local deadline, at = string.format('%d', now + lease_ms), string.format('%d', now)
+local function lease_run(items, charge, t)
+  local head, tail = charge .. '\n' .. at .. '\n', '\n' .. t .. '\n' .. token .. '.'
+  for j, item in ipairs(items) do
+    local m = head .. string.sub(item, 1, string.find(item, '\n', 1, true) - 1) .. tail .. (leased + j)
+    pending[#pending + 1] = deadline
+    pending[#pending + 1] = m
+    bodies[#bodies + 1] = m
+    bodies[#bodies + 1] = item
+    local o = #out
+    out[o + 1] = m
+    out[o + 2] = item
+    out[o + 3] = false
+  end
+  leased = leased + #items
+end
+"#;
+
+/// What both fair floors end with: the call's leases and their bodies.
+const FAIR_FLUSH: &str = r#"
+if #pending > 0 then
+  redis.call('ZADD', P .. ':leases', unpack(pending))
+  redis.call('HSET', P .. ':lb', unpack(bodies))
+end
+return out
+"#;
+
+/// The fair floor: [`LEASE_ACK`] plus the least of deficit round robin
+/// that the store's layout allows, and nothing else: no pause, breaker,
+/// rate limit, endpoint, tier, weight, maintenance, wake-up, scan budget
+/// or argument check. The keys are the store's: a ring of tenants, per
+/// tenant a lane of envelopes stored whole and a hash of its state (`d`
+/// deficit in us, `f` in flight, `e` estimate in us, `k` 1 while parked at
+/// its cap), the leases and bodies as in [`LEASE_ACK`], worker-us per
+/// tenant in one hash. ARGV: lease_ms, token, k, n, then n pairs (lease
+/// member, elapsed us); a member is `charge\nleased ms\nid\ntenant\ntoken.j`,
+/// the store's. Per call: the acks' ZMSCORE, ZREM and HDEL; per tenant
+/// acked, its state read and written once and its worker-us added
+/// (HINCRBY), and back on the ring when an ack frees its cap; per turn at
+/// the ring's head, its state read, a run of envelopes popped in one LPOP
+/// (while it is in credit and under its cap), whether its lane is empty
+/// (LLEN), its state written and its place on the ring moved; then one
+/// ZADD of the leases and one HSET of their bodies. Returns n statuses,
+/// then (member, entry, false) per lease, as the store's batch does. The
+/// script is [`FAIR_ACKS`], this, then [`FAIR_FLUSH`] (see [`fair_script`]).
+const FAIR_LEASE_ACK: &str = r#"
+for _, t in ipairs(order) do
+  local tk = P .. ':t:' .. t
+  local st = redis.call('HMGET', tk, 'd', 'f', 'e', 'k')
+  local d, f, e = tonumber(st[1]), tonumber(st[2]), tonumber(st[3])
+  local g, us = acks[t], 0
+  for j = 1, #g, 2 do
+    d = d + g[j] - g[j + 1]
+    e = math.floor(e + 0.3 * (g[j + 1] - e) + 0.5)
+    us = us + g[j + 1]
+    f = f - 1
+  end
+  if st[4] == '1' then
+    redis.call('HSET', tk, 'd', d, 'f', f, 'e', e, 'k', '0')
+    redis.call('RPUSH', RING, t)
+  else
+    redis.call('HSET', tk, 'd', d, 'f', f, 'e', e)
+  end
+  redis.call('HINCRBY', P .. ':attr', t, us)
+end
+local steps = 0
+while leased < k and steps < 100 do
+  steps = steps + 1
+  local t = redis.call('LINDEX', RING, 0)
+  if not t then break end
+  local tk = P .. ':t:' .. t
+  local st = redis.call('HMGET', tk, 'd', 'f', 'e')
+  local d, f, e = tonumber(st[1]), tonumber(st[2]), tonumber(st[3])
+  if d <= 0 then
+    redis.call('LMOVE', RING, RING, 'LEFT', 'RIGHT')
+    redis.call('HSET', tk, 'd', d + QUANTUM)
+  else
+    local room, run = math.min(CAP - f, k - leased), 1
+    while run < room and d - e * run > 0 do run = run + 1 end
+    local lane = P .. ':q:' .. t
+    local items = redis.call('LPOP', lane, run) or {}
+    lease_run(items, st[3], t)
+    d, f = d - e * #items, f + #items
+    if #items < run or redis.call('LLEN', lane) == 0 then
+      redis.call('LPOP', RING)
+      redis.call('HSET', tk, 'd', math.min(d, 0), 'f', f, 'r', '0')
+    elseif f >= CAP then
+      redis.call('LPOP', RING)
+      redis.call('HSET', tk, 'd', d, 'f', f, 'k', '1')
+    elseif d <= 0 then
+      redis.call('LMOVE', RING, RING, 'LEFT', 'RIGHT')
+      redis.call('HSET', tk, 'd', d + QUANTUM, 'f', f)
+    else
+      redis.call('HSET', tk, 'd', d, 'f', f)
+    end
+  end
+end
+"#;
+
+/// [`FAIR_LEASE_ACK`] on another layout: every tenant's state in one
+/// field of one hash (`d f e k w`, the last its worker-us), so that a call
+/// reads the state of the tenants it acks and the first four at the ring's
+/// head in one HMGET (a turn past them reads its own with HGET) and writes
+/// what changed in one HSET, and the ring's changes as one
+/// LTRIM of the turns taken and one RPUSH of the tenants back at its tail.
+/// The turns are the same: the tenants at the ring's head (one LRANGE of
+/// up to 16; a batch that would look past them stops short), each
+/// leasing a run while in credit and under its cap, popped from its lane
+/// per turn. Same ARGV, answer and shared parts as [`FAIR_LEASE_ACK`].
+const FAIR_SHARED_LEASE_ACK: &str = r#"
+local TS = P .. ':ts'
 -- the tenants this call may touch: those acked and the first few at the
 -- ring's head, read in one HMGET (a turn past them reads its own)
 local ring = k > 0 and redis.call('LRANGE', RING, 0, 15) or {}
@@ -377,7 +362,7 @@ local function get(t)
   return s
 end
 -- the ring after this call: its first `taken` entries go, `tail` joins it
-local tail, taken = {}, 0
+local tail = {}
 for _, t in ipairs(order) do
   local s, g = get(t), acks[t]
   for j = 1, #g, 2 do
@@ -391,8 +376,7 @@ for _, t in ipairs(order) do
     tail[#tail + 1] = t
   end
 end
-local pending, bodies, leased, steps = {}, {}, 0, 0
-local deadline, at = string.format('%d', now + lease_ms), string.format('%d', now)
+local steps = 0
 -- the turns: the known ring, then the tenants joining its tail (while the
 -- whole ring is known)
 local head, known = 1, #ring < 16
@@ -417,19 +401,7 @@ while leased < k and steps < 100 do
     while run < room and d - e * run > 0 do run = run + 1 end
     local lane = P .. ':q:' .. t
     local items = redis.call('LPOP', lane, run) or {}
-    local mh, mt = e .. '\n' .. at .. '\n', '\n' .. t .. '\n' .. token .. '.'
-    for j, item in ipairs(items) do
-      local m = mh .. string.sub(item, 1, string.find(item, '\n', 1, true) - 1) .. mt .. (leased + j)
-      pending[#pending + 1] = deadline
-      pending[#pending + 1] = m
-      bodies[#bodies + 1] = m
-      bodies[#bodies + 1] = item
-      local o = #out
-      out[o + 1] = m
-      out[o + 2] = item
-      out[o + 3] = false
-    end
-    leased = leased + #items
+    lease_run(items, e, t)
     d, f = d - e * #items, f + #items
     s[2] = f
     if #items < run or redis.call('LLEN', lane) == 0 then
@@ -447,7 +419,7 @@ while leased < k and steps < 100 do
     end
   end
 end
-taken = head - 1
+local taken = head - 1
 -- turns taken from the tail's own entries leave them there no longer
 local moved = {}
 for i = math.max(taken - #ring, 0) + 1, #tail do moved[#moved + 1] = tail[i] end
@@ -460,12 +432,12 @@ for t in pairs(touched) do
   set[#set + 1] = s[1] .. ' ' .. s[2] .. ' ' .. s[3] .. ' ' .. s[4] .. ' ' .. s[5]
 end
 if #set > 0 then redis.call('HSET', TS, unpack(set)) end
-if #pending > 0 then
-  redis.call('ZADD', P .. ':leases', unpack(pending))
-  redis.call('HSET', P .. ':lb', unpack(bodies))
-end
-return out
 "#;
+
+/// A fair floor's script: [`FAIR_ACKS`], `body`, [`FAIR_FLUSH`].
+fn fair_script(body: &str) -> String {
+    format!("{FAIR_ACKS}{body}{FAIR_FLUSH}")
+}
 
 /// The fair floor's backlog: `envs` stored whole in their tenants' lanes
 /// (the layout [`ENQUEUE`] gives, one lane per tenant), each tenant's
@@ -534,12 +506,12 @@ pub async fn fair_floor_deliveries(
     fair_backlog(url, &p, envs, shared).await;
     // an ack names the lease and the time its delivery took
     let acked = |l: &[Option<String>]| (l[0].clone().unwrap(), "20000".to_string());
-    let script = if shared {
+    let script = fair_script(if shared {
         FAIR_SHARED_LEASE_ACK
     } else {
         FAIR_LEASE_ACK
-    };
-    deliveries(url, &p, script, clients, k, ops, acked).await
+    });
+    deliveries(url, &p, &script, clients, k, ops, acked).await
 }
 
 /// The measured loop of both floors: `ops` deliveries by `clients`
