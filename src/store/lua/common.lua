@@ -636,6 +636,23 @@ local function claims_advance(t, period, was)
   redis.call('HSET', tkey(t), 'ip', period, 'ia', was)
 end
 
+-- The places (from 1) of the ids of `list[from..]`, `count` of them, that
+-- were not claimed before (known[k] ~= 1; known nil: none was), each id at
+-- its first place only: a table with `true` at those places, and the ids
+-- there, in order (see claim_ids).
+local function first_places(list, from, count, known)
+  local places, ids, seen = {}, {}, {}
+  for k = 1, count do
+    local id = list[from + k - 1]
+    if not (known and known[k] == 1) and not seen[id] then
+      seen[id] = true
+      places[k] = true
+      ids[#ids + 1] = id
+    end
+  end
+  return places, ids
+end
+
 -- Idempotency: which of tenant `t`'s ids `list[from..to]` (at most 1000)
 -- are new to this queue? An id is new when it was seen neither in this
 -- idttl-long period nor the one before (so it is remembered for at least
@@ -698,30 +715,12 @@ local function claim_ids(t, list, from, to, now, ip, ia, xc)
     -- claimed was in a set the fields do not account for: claimed, as a
     -- single post always answered)
     if redis.call('SADD', cur, unpack(list, from, to)) < count then
-      fresh = {}
-      if count > 1 then
-        local seen = {}
-        for k = 1, count do
-          local id = list[from + k - 1]
-          if not seen[id] then
-            seen[id] = true
-            fresh[k] = true
-          end
-        end
-      end
+      fresh = count > 1 and first_places(list, from, count) or {}
     end
     if xc == '1' then redis.call('SADD', P .. ':idsx:' .. t, unpack(list, from, to)) end
   else
-    fresh = {}
-    local claim, seen = {}, {}
-    for k = 1, count do
-      local id = list[from + k - 1]
-      if known[k] ~= 1 and not seen[id] then
-        seen[id] = true
-        fresh[k] = true
-        claim[#claim + 1] = id
-      end
-    end
+    local claim
+    fresh, claim = first_places(list, from, count, known)
     if #claim == 0 then return fresh, ip, ia end
     redis.call('SADD', cur, unpack(claim))
     if xc == '1' then redis.call('SADD', P .. ':idsx:' .. t, unpack(claim)) end
