@@ -6,7 +6,9 @@
 //! A rate-limited case runs lease+ack with 10,000 active tenants, every one
 //! limited per tenant and per endpoint (limits so high that none is ever
 //! throttled, so what is measured is the cost of checking), against the
-//! same tenants unlimited, interleaved.
+//! same tenants unlimited, interleaved. `BENCH_ONLY=rate_limits` runs only
+//! that pair, five rounds, and ends with `RESULT rate_limited_vs_unlimited=<x>
+//! rate_limited_cpu_vs_unlimited=<limited Redis CPU per cycle over unlimited>`.
 //! An endpoint-isolation case runs lease+ack with 1,000 active tenants
 //! under `isolation: Endpoint` (each tenant's envelopes in its endpoint's
 //! lane, the tenant's ready endpoints in a ZSET) against the same tenants
@@ -160,6 +162,31 @@ fn median(mut runs: Vec<Rate>) -> Rate {
     runs[runs.len() / 2]
 }
 
+/// Rate limits: 10,000 tenants, each checked against its own bucket and
+/// its endpoint's at every lease, none ever out of tokens, interleaved
+/// with the same run unlimited, `rounds` times. Returns the median limited
+/// rate over the median unlimited rate, and the same of their Redis CPU
+/// per cycle.
+async fn rate_limited_rounds(url: &str, rounds: usize) -> (f64, f64) {
+    let limited = support::buckets::unthrottled_limits();
+    let (mut unlimited_runs, mut limited_runs) = (Vec::new(), Vec::new());
+    for round in 1..=rounds {
+        let u = fair(url, 10_000).await;
+        let l = fair_with(url, 10_000, &limited).await;
+        println!(
+            "[{round}] fair lease+ack, 10000 active tenants: unlimited {:>9.0} cycles/s (Redis CPU {:.1} us/cycle), rate-limited {:>9.0} cycles/s (Redis CPU {:.1} us/cycle)",
+            u.per_s, u.redis_us, l.per_s, l.redis_us
+        );
+        unlimited_runs.push(u);
+        limited_runs.push(l);
+    }
+    let cpu = median_cpu(&limited_runs) / median_cpu(&unlimited_runs);
+    (
+        median(limited_runs).per_s / median(unlimited_runs).per_s,
+        cpu,
+    )
+}
+
 /// The floors a round measures beside the store (see `common::floor`).
 #[derive(Clone, Copy)]
 enum Floor {
@@ -198,6 +225,12 @@ fn main() {
         .unwrap();
     let url = support::redis::shared().url.clone();
     rt.block_on(async {
+        // the rate-limited pair alone, five rounds (see the header)
+        if std::env::var("BENCH_ONLY").as_deref() == Ok("rate_limits") {
+            let (rate, cpu) = rate_limited_rounds(&url, 5).await;
+            println!("RESULT rate_limited_vs_unlimited={rate:.3} rate_limited_cpu_vs_unlimited={cpu:.3}");
+            return;
+        }
         // The baseline and the 10-tenant case are measured five times,
         // interleaved, and compared by their medians: both share two cores
         // with whatever else runs, and one pair alone swings by 20% or more.
@@ -316,22 +349,7 @@ fn main() {
                 many / raw_cpu
             );
         }
-        // Rate limits: 10,000 tenants, each checked against its own bucket
-        // and its endpoint's at every lease, none ever out of tokens;
-        // interleaved with the same run unlimited, compared by medians.
-        let limited = support::buckets::unthrottled_limits();
-        let (mut unlimited_runs, mut limited_runs) = (Vec::new(), Vec::new());
-        for round in 1..=3 {
-            let u = fair(&url, 10_000).await;
-            let l = fair_with(&url, 10_000, &limited).await;
-            println!(
-                "[{round}] fair lease+ack, 10000 active tenants: unlimited {:>9.0} cycles/s (Redis CPU {:.1} us/cycle), rate-limited {:>9.0} cycles/s (Redis CPU {:.1} us/cycle)",
-                u.per_s, u.redis_us, l.per_s, l.redis_us
-            );
-            unlimited_runs.push(u);
-            limited_runs.push(l);
-        }
-        let rate_limited_vs_unlimited = median(limited_runs).per_s / median(unlimited_runs).per_s;
+        let (rate_limited_vs_unlimited, _) = rate_limited_rounds(&url, 3).await;
         // Endpoint isolation: 1,000 tenants, interleaved with tenant isolation.
         let isolated = QueuePolicy {
             isolation: Isolation::Endpoint,
