@@ -1340,6 +1340,125 @@ async fn a_lease_writes_its_tenants_bucket_as_the_numbers_it_holds() {
     );
 }
 
+/// Issue 20's bar, kept under issue 23's batching: one endpoint's bucket
+/// lives in its tenant's state (the slot: `ee` its endpoint, `ek` the
+/// bucket), read and written with the lease's own HMGET and HSET; any other
+/// endpoint's is a key of its own. The slot changes hands only once its
+/// bucket is full again, and never to an endpoint whose key holds a bucket
+/// short of full (as a library version before this one leaves it while it
+/// still leases, in a rolling upgrade), so no endpoint's tokens are counted
+/// in two places by this version.
+#[tokio::test]
+async fn one_endpoint_bucket_lives_in_its_tenants_state_and_changes_hands_only_when_full() {
+    use lanekeeper::store::keys;
+    let policy = QueuePolicy {
+        rate_limits: lanekeeper::policy::RateLimits {
+            default: Some(lanekeeper::policy::RateLimit {
+                endpoint_per_second: 1.0,
+                endpoint_burst: 2.0,
+                ..Default::default()
+            }),
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    let s = store(policy).await;
+    let t0 = 1_700_000_000_000u64;
+    s.set_virtual_clock(Q, t0).await.unwrap();
+    let p = s.queue_prefix(Q);
+    let mut raw = raw_conn().await;
+    let send = |eps: &'static [&'static str], from: u64| {
+        let s = s.clone();
+        async move {
+            for (i, ep) in eps.iter().enumerate() {
+                let mut e = env("acme", from + i as u64);
+                e.endpoint = Some(ep.to_string());
+                s.enqueue(Q, &e).await.unwrap();
+            }
+        }
+    };
+    let slot = |raw: &mut redis::aio::MultiplexedConnection| {
+        let mut raw = raw.clone();
+        let key = keys::tenant(&p, "acme");
+        async move {
+            let got: (Option<String>, Option<String>) = redis::cmd("HMGET")
+                .arg(key)
+                .arg("ee")
+                .arg("ek")
+                .query_async(&mut raw)
+                .await
+                .unwrap();
+            got
+        }
+    };
+    let bucket_key = |ep: &str| keys::endpoint_bucket(&p, "acme", ep);
+    let get = |raw: &mut redis::aio::MultiplexedConnection, key: String| {
+        let mut raw = raw.clone();
+        async move {
+            let got: Option<String> = redis::cmd("GET")
+                .arg(key)
+                .query_async(&mut raw)
+                .await
+                .unwrap();
+            got
+        }
+    };
+
+    // a first: the slot is free, so a's bucket goes there; b's to its key
+    send(&["a", "b"], 0).await;
+    let (got, _) = lease_acking(&s, 2).await;
+    assert_eq!(got.len(), 2, "{got:?}");
+    let spent = |at: u64| Some(format!("1000000:{at}"));
+    assert_eq!(slot(&mut raw).await, (Some("a".into()), spent(t0)));
+    assert_eq!(
+        get(&mut raw, bucket_key("a")).await,
+        None,
+        "a's bucket is in the slot only"
+    );
+    assert_eq!(get(&mut raw, bucket_key("b")).await, spent(t0));
+
+    // a second later a's bucket is full again (the slot is free) but c's
+    // key holds one token short of full, as an older version leaves it: c
+    // spends from its key and the slot stays as it was
+    let t1 = t0 + 1000;
+    s.set_virtual_clock(Q, t1).await.unwrap();
+    let _: () = redis::cmd("SET")
+        .arg(bucket_key("c"))
+        .arg(format!("1000000:{t1}"))
+        .query_async(&mut raw)
+        .await
+        .unwrap();
+    send(&["c"], 2).await;
+    let (got, _) = lease_acking(&s, 1).await;
+    assert_eq!(got.len(), 1, "{got:?}");
+    assert_eq!(
+        get(&mut raw, bucket_key("c")).await,
+        Some(format!("0:{t1}"))
+    );
+    assert_eq!(slot(&mut raw).await, (Some("a".into()), spent(t0)));
+
+    // b's key is full again too: the free slot goes to b, from its key's
+    // level (full)
+    send(&["b"], 3).await;
+    let (got, _) = lease_acking(&s, 1).await;
+    assert_eq!(got.len(), 1, "{got:?}");
+    assert_eq!(slot(&mut raw).await, (Some("b".into()), spent(t1)));
+    // a's bucket (in the slot before, full) is a key again when a sends,
+    // and b, in the slot, is held to its limit there: one token left
+    send(&["a", "b", "b"], 4).await;
+    let (got, _) = lease_acking(&s, 4).await;
+    assert_eq!(
+        got.len(),
+        2,
+        "a once, b once (its next token is a second off): {got:?}"
+    );
+    assert_eq!(get(&mut raw, bucket_key("a")).await, spent(t1));
+    assert_eq!(
+        slot(&mut raw).await,
+        (Some("b".into()), Some(format!("0:{t1}")))
+    );
+}
+
 #[tokio::test]
 async fn rate_limits_survive_hostile_state() {
     // A bucket field overwritten with garbage, a P:limits entry that does
@@ -1401,6 +1520,77 @@ async fn rate_limits_survive_hostile_state() {
     s.set_virtual_clock(Q, t0 - 60_000).await.unwrap();
     let (got, _) = lease_acking(&s, 5).await;
     assert!(got.iter().all(|t| t != "acme"), "{got:?}");
+}
+
+/// The tenant's endpoint-bucket slot (`ee`, `ek`) written behind the
+/// scripts' back: a bucket that does not parse as two whole numbers from 0
+/// up reads as full, whoever the slot names, and the lease writes it whole
+/// again; the limit then holds from there (burst 1: one lease each, the
+/// clock standing).
+#[tokio::test]
+async fn a_hostile_endpoint_slot_reads_as_a_full_bucket() {
+    use lanekeeper::store::keys;
+    let policy = QueuePolicy {
+        rate_limits: lanekeeper::policy::RateLimits {
+            default: Some(lanekeeper::policy::RateLimit {
+                endpoint_per_second: 1.0,
+                endpoint_burst: 1.0,
+                ..Default::default()
+            }),
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    let s = store(policy).await;
+    let t0 = 1_700_000_000_000u64;
+    s.set_virtual_clock(Q, t0).await.unwrap();
+    let p = s.queue_prefix(Q);
+    let mut raw = raw_conn().await;
+    let cases = [
+        ("main", "garbage"),
+        ("main", "-1000000:5"),
+        ("main", "5"),
+        ("main", ":"),
+        ("main", "1e400:0"),
+        ("main", "1.5:3"),
+        ("main", "99999999999999999999999:1"),
+        ("other", "nan:nan"),
+        ("", ""),
+    ];
+    for (i, (ee, ek)) in cases.iter().enumerate() {
+        let t = format!("h{i}");
+        for n in 0..2 {
+            let mut e = env(&t, n);
+            e.endpoint = Some("main".into());
+            s.enqueue(Q, &e).await.unwrap();
+        }
+        let _: () = redis::cmd("HSET")
+            .arg(keys::tenant(&p, &t))
+            .arg("ee")
+            .arg(ee)
+            .arg("ek")
+            .arg(ek)
+            .query_async(&mut raw)
+            .await
+            .unwrap();
+    }
+    let (got, _) = lease_acking(&s, 3 * cases.len()).await;
+    for (i, case) in cases.iter().enumerate() {
+        let t = format!("h{i}");
+        assert_eq!(
+            got.iter().filter(|x| **x == t).count(),
+            1,
+            "{case:?}: a full bucket of one: {got:?}"
+        );
+        let slot: (String, String) = redis::cmd("HMGET")
+            .arg(keys::tenant(&p, &t))
+            .arg("ee")
+            .arg("ek")
+            .query_async(&mut raw)
+            .await
+            .unwrap();
+        assert_eq!(slot, ("main".to_string(), format!("0:{t0}")), "{case:?}");
+    }
 }
 
 /// Enqueue `n` envelopes of `tenant` numbered from `from` in one call.
@@ -2235,7 +2425,7 @@ async fn redis_memory_is_flat_after_100000_tenants_send_once_and_go_idle() {
 /// Attacks from the review of the sweep (each failed before its fix):
 /// a cursor or next-pass time in `P:conf` that would stop the sweep for
 /// good; a rate-limited tenant whose bucket is not yet full again (sweeping
-/// it would refill it); a tenant whose dead letters are all gone but whose
+/// it would refill it), and one whose endpoint's is, in its state's slot; a tenant whose dead letters are all gone but whose
 /// empty stream stays; a swept tenant paused afterwards must be listed
 /// among the queue's residents so a reshard carries its pause.
 #[tokio::test]
@@ -2244,14 +2434,24 @@ async fn the_sweep_is_not_wedged_by_its_own_state_and_keeps_what_a_reset_would_g
     use lanekeeper::store::keys;
     let mut policy = sweeping();
     policy.rate_limits = RateLimits {
-        tenants: [(
-            "limited".to_string(),
-            RateLimit {
-                per_second: 0.001,
-                burst: 5.0,
-                ..Default::default()
-            },
-        )]
+        tenants: [
+            (
+                "limited".to_string(),
+                RateLimit {
+                    per_second: 0.001,
+                    burst: 5.0,
+                    ..Default::default()
+                },
+            ),
+            (
+                "endpoint-limited".to_string(),
+                RateLimit {
+                    endpoint_per_second: 0.001,
+                    endpoint_burst: 5.0,
+                    ..Default::default()
+                },
+            ),
+        ]
         .into(),
         ..Default::default()
     };
@@ -2261,6 +2461,13 @@ async fn the_sweep_is_not_wedged_by_its_own_state_and_keeps_what_a_reset_would_g
     let mut conn = raw_conn().await;
     // limited: spends a token of a bucket that refills in 1000 s
     s.enqueue(Q, &env("limited", 0)).await.unwrap();
+    let l = lease(&s, Q).await.unwrap();
+    s.ack(&l, Duration::ZERO).await.unwrap();
+    // endpoint-limited: the same of its endpoint's bucket, kept in the
+    // tenant's state (its slot, see endpoint_gate)
+    let mut e = env("endpoint-limited", 0);
+    e.endpoint = Some("main".into());
+    s.enqueue(Q, &e).await.unwrap();
     let l = lease(&s, Q).await.unwrap();
     s.ack(&l, Duration::ZERO).await.unwrap();
     // emptied: a dead letter, then replayed and delivered
@@ -2287,6 +2494,7 @@ async fn the_sweep_is_not_wedged_by_its_own_state_and_keeps_what_a_reset_would_g
     assert!(!exists(&mut conn, &keys::tenant(&p, "emptied")).await);
     assert!(!exists(&mut conn, &keys::dead_letters(&p, "emptied")).await);
     assert!(exists(&mut conn, &keys::tenant(&p, "limited")).await);
+    assert!(exists(&mut conn, &keys::tenant(&p, "endpoint-limited")).await);
 
     // a swept tenant paused afterwards is a resident again
     s.set_user_pause("emptied", true).await.unwrap();

@@ -947,34 +947,56 @@ local function token_due(level, rate, now)
   return now + math.max(math.ceil((ONE_TOKEN - level) / rate), 1)
 end
 
--- The endpoint bucket of (t, ep): may a delivery start now? Returns true
--- and the key and level to spend from (see spend_endpoint), or the time
--- its next token is due.
-local function endpoint_gate(t, ep, lim, now)
-  local k = P .. ':rl:' .. #t .. ':' .. t .. ':' .. ep
-  -- a key of the wrong type (written behind the scripts' back) reads as a
-  -- full bucket: a lease has written before it asks, and must not fail
-  local raw = redis.pcall('GET', k)
-  local tokens, at
-  if type(raw) == 'string' then
-    -- '<tokens>:<at>' (spend_endpoint); a plain find, not a pattern
-    local c = string.find(raw, ':', 1, true)
-    if c then
-      tokens, at = tonumber(string.sub(raw, 1, c - 1)), tonumber(string.sub(raw, c + 1))
-      -- not two whole numbers from 0 up (written behind the scripts' back): full
-      if not (tokens and at and tokens >= 0 and at >= 0 and tokens % 1 == 0 and at % 1 == 0
-          and tokens < HUGE and at < HUGE) then
-        tokens, at = nil, nil
-      end
+-- An endpoint bucket as it is kept, '<micro-tokens>:<ms>' (spend_endpoint):
+-- its tokens and time, or nothing when it is absent or not two whole
+-- numbers from 0 up (written behind the scripts' back), which reads as a
+-- full bucket. A plain find, not a pattern.
+local function bucket_text(raw)
+  if type(raw) ~= 'string' then return nil, nil end
+  local c = string.find(raw, ':', 1, true)
+  if not c then return nil, nil end
+  local tokens, at = tonumber(string.sub(raw, 1, c - 1)), tonumber(string.sub(raw, c + 1))
+  if tokens and at and tokens >= 0 and at >= 0 and tokens % 1 == 0 and at % 1 == 0
+      and tokens < HUGE and at < HUGE then
+    return tokens, at
+  end
+  return nil, nil
+end
+
+-- The endpoint bucket of (t, ep): may a delivery start now? One endpoint's
+-- bucket lives in the tenant's own hash, the slot (ee its endpoint, ek the
+-- bucket, both read with the lease's HMGET); any other endpoint's is a key
+-- of its own (P:rl:...), read and written at each lease. The slot changes
+-- hands only while it is free (no ee, or its bucket full again, which reads
+-- the same as none) and only to an endpoint whose key holds no bucket short
+-- of full, so one endpoint's bucket is never in two places. `ee`, `ek`: the
+-- slot as the lease read it. Returns true, the key to spend from (nil: the
+-- slot) and the level; or the time the next token is due.
+local function endpoint_gate(t, ep, lim, now, ee, ek)
+  local k, level
+  if ep == ee then
+    local tokens, at = bucket_text(ek)
+    level = bucket_level(tokens, at or now, lim.erate, lim.ecap, now)
+  else
+    k = P .. ':rl:' .. #t .. ':' .. t .. ':' .. ep
+    -- a key of the wrong type (written behind the scripts' back) reads as a
+    -- full bucket: a lease has written before it asks, and must not fail
+    local tokens, at = bucket_text(redis.pcall('GET', k))
+    level = bucket_level(tokens, at or now, lim.erate, lim.ecap, now)
+    if level >= lim.ecap then
+      local st, sa = bucket_text(ek)
+      if not ee or bucket_level(st, sa or now, lim.erate, lim.ecap, now) >= lim.ecap then k = nil end
     end
   end
-  local level = bucket_level(tokens, at or now, lim.erate, lim.ecap, now)
   if level < ONE_TOKEN then return token_due(level, lim.erate, now) end
   return true, k, level
 end
 
--- Spend one token of an endpoint bucket; the key goes once it would be full again.
-local function spend_endpoint(k, level, lim, now)
+-- Spend one token of the endpoint bucket at `level` (endpoint_gate): in
+-- its key, which goes once it would be full again, or in the slot, whose
+-- fields join the lease's own in `set` (taking the slot when `ee` is
+-- another endpoint's).
+local function spend_endpoint(k, level, lim, now, ep, ee, set)
   local left = level - ONE_TOKEN
   local px = math.ceil((lim.ecap - left) / lim.erate) + 1000
   -- a bucket past what a double holds exactly, or a time that is not a
@@ -982,7 +1004,14 @@ local function spend_endpoint(k, level, lim, now)
   -- would refuse it after this lease's writes
   if not (left >= 0 and left < 9007199254740992 and px >= 1 and px < 9007199254740992) then return end
   -- whole numbers, formatted as such (not by '..' and Redis's '%.17g')
-  redis.call('SET', k, string.format('%d:%d', left, now), 'PX', string.format('%d', px))
+  local v = string.format('%d:%d', left, now)
+  if k then
+    redis.call('SET', k, v, 'PX', string.format('%d', px))
+  else
+    local n = #set
+    if ee ~= ep then set[n + 1] = 'ee'; set[n + 2] = ep; n = n + 2 end
+    set[n + 1] = 'ek'; set[n + 2] = v
+  end
 end
 
 -- Wake idle workers for tenant `t`: each message rouses one idle task of

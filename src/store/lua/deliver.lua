@@ -208,7 +208,7 @@ local function lease_next(lease_ms, token, budget, now, batch)
     -- field HMGET asks for costs a scan of the hash
     local st
     if RL_ANY then
-      st = redis.call('HMGET', tk, 'd', 'f', 'e', 'bw', 'b', 'pz', 'tr', 'up', 'tk', 'tu')
+      st = redis.call('HMGET', tk, 'd', 'f', 'e', 'bw', 'b', 'pz', 'tr', 'up', 'tk', 'tu', 'ee', 'ek')
     else
       st = redis.call('HMGET', tk, 'd', 'f', 'e', 'bw', 'b', 'pz', 'tr', 'up')
     end
@@ -266,7 +266,7 @@ local function lease_next(lease_ms, token, budget, now, batch)
     end
     -- id: the envelope's; whole: its item when it is stored whole (see lane_item)
     local id, env, whole, pass, change, paced = false, nil, nil, true, '', nil
-    local ekk, elevel
+    local ekk, elevel, eep
     if item then
       -- the endpoint matters only to a tenant with breakers in use, a pause
       -- in force or an endpoint limit: then it is read with the record
@@ -280,7 +280,10 @@ local function lease_next(lease_ms, token, budget, now, batch)
           if pz > 0 then paced = paced_until(t, ep, now) end
           if not paced and bw > 0 then pass, change = breaker_gate(t, ep, now) end
         end
-        if not paced and pass == true and limited then pass, ekk, elevel = endpoint_gate(t, ep, lim, now) end
+        if not paced and pass == true and limited then
+          pass, ekk, elevel = endpoint_gate(t, ep, lim, now, st[11], st[12])
+          eep = ep
+        end
       end
     end
     if upaused then
@@ -401,7 +404,7 @@ local function lease_next(lease_ms, token, budget, now, batch)
         f = f + 1
         local set = { 'd', d, 'f', istr(f) }
         if level then set[5] = 'tk'; set[6] = int_text(level - ONE_TOKEN); set[7] = 'tu'; set[8] = ms_text(now) end
-        if ekk then spend_endpoint(ekk, elevel, lim, now) end
+        if elevel then spend_endpoint(ekk, elevel, lim, now, eep, st[11], set) end
         if lep then
           -- the endpoint's slot, and the tenant's virtual clock at this lease's start
           local n = #set

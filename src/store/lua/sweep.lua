@@ -1,5 +1,5 @@
 -- Helpers (common.lua): num, now_ms, tkey, lane, hold, dlkey, ezkey, epskey, importkey, claims_key,
---   id_period, limit_of, bucket_level
+--   id_period, limit_of, bucket_level, bucket_text
 -- ARGV: count (SSCAN COUNT hint, 1 to 500). One bounded step of the sweep
 -- of idle tenants (policy `sweep`, seconds; 0: never): scans the next part
 -- of P:tenants from the cursor kept in P:conf (swc) and deletes the
@@ -9,7 +9,8 @@
 -- Idle means:
 --   no work here (depth n, in flight, delayed, held all 0; lane and hold
 --   buffer empty; not on the ring, parked, blocked, paced, shaped or in a
---   breaker; no dead letters; a delivery token bucket, if any, full again);
+--   breaker; no dead letters; its delivery token buckets in its state, if
+--   any, full again);
 --   not paused (by a user or a move), not moved away or being moved;
 --   no id claims still inside the idempotency window;
 --   no activity (la: an enqueue, an import, or a sweep that found it busy)
@@ -56,7 +57,7 @@ for _, t in ipairs(members) do
   -- back) is left alone, neither marked nor swept, rather than stopping
   -- every sweep at this cursor
   local st = redis.pcall('HMGET', tkey(t), 'n', 'f', 'w', 'h', 'r', 'k', 'bl', 'p', 'up', 'xc', 'm', 'bw', 'sr',
-    'pz', 'la', 'ip', 'ia', 'isrc', 'tk', 'tu', 'tr')
+    'pz', 'la', 'ip', 'ia', 'isrc', 'tk', 'tu', 'tr', 'ek')
   if not st.err then
     local idle = zero(st[1]) and zero(st[2]) and zero(st[3]) and zero(st[4]) and zero(st[5]) and zero(st[6])
       and zero(st[7]) and zero(st[8]) and zero(st[9]) and zero(st[10]) and (st[11] == false or st[11] == '')
@@ -66,11 +67,16 @@ for _, t in ipairs(members) do
     -- claims still consulted for duplicates: this period's or the last one's
     local ip = tonumber(st[16])
     if idle and st[16] and not (ip and ip < period - 1) then idle = false end
-    -- a delivery bucket not yet full again: forgetting it would refill it
-    if idle and st[19] then
+    -- a delivery bucket not yet full again, the tenant's or the endpoint
+    -- bucket in its slot (see endpoint_gate): forgetting it would refill it
+    if idle and (st[19] or st[22]) then
       local lim = limit_of(t, st[21] or nil)
       if lim and lim.rate > 0 and bucket_level(tonumber(st[19]), num(st[20], 0), lim.rate, lim.cap, now) < lim.cap then
         idle = false
+      end
+      if lim and lim.erate > 0 then
+        local tokens, at = bucket_text(st[22])
+        if bucket_level(tokens, at or now, lim.erate, lim.ecap, now) < lim.ecap then idle = false end
       end
     end
     if idle then

@@ -429,7 +429,8 @@ pub async fn a_replay_waits_while_its_id_is_live_again(url: &str) {
     assert_eq!((st.depth, st.in_flight, st.delayed), (0, 0, 0), "{st:?}");
 }
 
-/// A lease reads the breaker, the pause and the endpoint bucket of the
+/// A lease reads the breaker, the pause and the endpoint bucket (its key:
+/// the tenant's slot is another endpoint's) of the
 /// envelope it has just taken off the lane, after its first write: a key of
 /// the wrong type there (written behind the scripts' back) used to fail the
 /// lease with the envelope off its lane and nowhere else. Each now reads as
@@ -468,11 +469,22 @@ pub async fn foreign_gate_keys_fail_no_lease(url: &str) {
                     .arg("x")
                     .clone(),
             ],
-            _ => vec![redis::cmd("HSET")
-                .arg(format!("{p}:rl:1:t:main"))
-                .arg("x")
-                .arg(1)
-                .clone()],
+            // the tenant's bucket slot held by another endpoint, short of
+            // full (see endpoint_gate), so main's bucket is its key
+            _ => vec![
+                redis::cmd("HSET")
+                    .arg(&tk)
+                    .arg("ee")
+                    .arg("other")
+                    .arg("ek")
+                    .arg(format!("0:{}", far()))
+                    .clone(),
+                redis::cmd("HSET")
+                    .arg(format!("{p}:rl:1:t:main"))
+                    .arg("x")
+                    .arg(1)
+                    .clone(),
+            ],
         };
         for cmd in setup {
             raw(url, cmd).await;
