@@ -121,7 +121,8 @@ pub fn limits(prefix: &str) -> String {
 }
 
 /// A tenant endpoint's delivery token bucket (`P:rl:<len>:<tenant>:<endpoint>`,
-/// a string "micro-tokens:ms").
+/// a string "micro-tokens:ms"), while the endpoint is not the one whose
+/// bucket lives in the tenant's state (its fields `ee`, `ek`).
 pub fn endpoint_bucket(prefix: &str, tenant: &str, endpoint: &str) -> String {
     format!("{prefix}:rl:{}:{tenant}:{endpoint}", tenant.len())
 }

@@ -31,6 +31,9 @@
 --                           tr tier name (absent: none; written by enqueue from what ingest resolved
 --                           in the set's lk:{ns/set}:tiers:api and lk:{ns/set}:tiers hashes),
 --                           tk/tu its delivery token bucket (micro-tokens as of ms tu; absent: full),
+--                           ee/ek the slot: one endpoint ee whose delivery token bucket ek
+--                           ('<micro-tokens>:<ms>'; absent: full) lives here rather than in
+--                           P:rl:... (see endpoint_gate),
 --                           up paused by a user ('1': leases skip it, see user_pause.lua; distinct from
 --                           p, the relocation pause, and composed with it), upv the version of the
 --                           user operation that last set up (from lk:{ns/set}:pausev),
@@ -107,8 +110,9 @@
 --                           the whole hash once now >= pz (it also expires in Redis just after
 --                           pz, except under the simulator's virtual clock)
 --   P:rl:<len>:<tenant>:<endpoint>
---                     STRING "<micro-tokens>:<ms>": the endpoint's delivery token bucket
---                           (absent: full; expires once it would be full again)
+--                     STRING "<micro-tokens>:<ms>": the endpoint's delivery token bucket, while
+--                           the endpoint is not in its tenant's slot (ee) (absent: full;
+--                           expires once it would be full again)
 --   P:blocked         ZSET  tenant -> ms: tenants off the ring until then: their head envelope's
 --                           breaker is open, or they (or that envelope's endpoint) are out of tokens;
 --                           under endpoint isolation also "<tenant>\n<endpoint>" -> ms: that
