@@ -204,8 +204,9 @@ local function lease_next(lease_ms, token, budget, now, batch)
       return { 'EMPTY', math.max(wait, 1) }, step
     end
     local tk = tkey(t)
-    -- the token bucket's fields only where rate limits are in use: each
-    -- field HMGET asks for costs a scan of the hash
+    -- the token buckets' fields (the tenant's, and its endpoint slot's: see
+    -- endpoint_gate) only where rate limits are in use: each field HMGET
+    -- asks for costs a scan of the hash
     local st
     if RL_ANY then
       st = redis.call('HMGET', tk, 'd', 'f', 'e', 'bw', 'b', 'pz', 'tr', 'up', 'tk', 'tu', 'ee', 'ek')
