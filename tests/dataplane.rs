@@ -1340,6 +1340,25 @@ async fn a_lease_writes_its_tenants_bucket_as_the_numbers_it_holds() {
     );
 }
 
+/// A store whose tenants have an endpoint limit only (one per second,
+/// `burst`), its virtual clock at `t0`.
+async fn endpoint_limited(burst: f64, t0: u64) -> Store {
+    let policy = QueuePolicy {
+        rate_limits: lanekeeper::policy::RateLimits {
+            default: Some(lanekeeper::policy::RateLimit {
+                endpoint_per_second: 1.0,
+                endpoint_burst: burst,
+                ..Default::default()
+            }),
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    let s = store(policy).await;
+    s.set_virtual_clock(Q, t0).await.unwrap();
+    s
+}
+
 /// Issue 20's bar, kept under issue 23's batching: one endpoint's bucket
 /// lives in its tenant's state (the slot: `ee` its endpoint, `ek` the
 /// bucket), read and written with the lease's own HMGET and HSET; any other
@@ -1351,20 +1370,8 @@ async fn a_lease_writes_its_tenants_bucket_as_the_numbers_it_holds() {
 #[tokio::test]
 async fn one_endpoint_bucket_lives_in_its_tenants_state_and_changes_hands_only_when_full() {
     use lanekeeper::store::keys;
-    let policy = QueuePolicy {
-        rate_limits: lanekeeper::policy::RateLimits {
-            default: Some(lanekeeper::policy::RateLimit {
-                endpoint_per_second: 1.0,
-                endpoint_burst: 2.0,
-                ..Default::default()
-            }),
-            ..Default::default()
-        },
-        ..Default::default()
-    };
-    let s = store(policy).await;
     let t0 = 1_700_000_000_000u64;
-    s.set_virtual_clock(Q, t0).await.unwrap();
+    let s = endpoint_limited(2.0, t0).await;
     let p = s.queue_prefix(Q);
     let mut raw = raw_conn().await;
     let send = |eps: &'static [&'static str], from: u64| {
@@ -1530,20 +1537,8 @@ async fn rate_limits_survive_hostile_state() {
 #[tokio::test]
 async fn a_hostile_endpoint_slot_reads_as_a_full_bucket() {
     use lanekeeper::store::keys;
-    let policy = QueuePolicy {
-        rate_limits: lanekeeper::policy::RateLimits {
-            default: Some(lanekeeper::policy::RateLimit {
-                endpoint_per_second: 1.0,
-                endpoint_burst: 1.0,
-                ..Default::default()
-            }),
-            ..Default::default()
-        },
-        ..Default::default()
-    };
-    let s = store(policy).await;
     let t0 = 1_700_000_000_000u64;
-    s.set_virtual_clock(Q, t0).await.unwrap();
+    let s = endpoint_limited(1.0, t0).await;
     let p = s.queue_prefix(Q);
     let mut raw = raw_conn().await;
     let cases = [
