@@ -126,12 +126,38 @@ pub fn is_running(pid: u32) -> bool {
         .is_some_and(|c| matches!(c.try_wait(), Ok(None)))
 }
 
-/// A loopback port that was free a moment ago.
+/// A loopback port that was free a moment ago, for a server this harness
+/// starts. It comes from below the kernel's ephemeral range
+/// (`ip_local_port_range`), so no outgoing connection can take it between
+/// this check and the server's bind: kube-scheduler once lost the port it
+/// was given to one of kube-controller-manager's connections to the API
+/// server ("bind: address already in use"). Each process walks the range
+/// from its own place, and never hands out one port twice.
 pub fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("bind an ephemeral loopback port")
+    use std::sync::atomic::{AtomicU32, Ordering};
+    const LOW: u32 = 20_000;
+    static NEXT: AtomicU32 = AtomicU32::new(0);
+    let high = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|r| r.split_whitespace().next()?.parse::<u32>().ok())
+        .unwrap_or(32_768)
+        .min(65_536);
+    if high <= LOW + 1_000 {
+        // no room below the ephemeral range: any free port, as before
+        return TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .map(|a| a.port())
+            .expect("bind an ephemeral loopback port");
+    }
+    let span = high - LOW;
+    let start = std::process::id().wrapping_mul(7_919) % span;
+    for _ in 0..span {
+        let port = (LOW + (start + NEXT.fetch_add(1, Ordering::Relaxed)) % span) as u16;
+        if TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            return port;
+        }
+    }
+    panic!("no free loopback port in {LOW}..{high}")
 }
 
 /// The last lines of a log, for failure messages.
