@@ -1359,6 +1359,21 @@ async fn endpoint_limited(burst: f64, t0: u64) -> Store {
     s
 }
 
+/// A tenant's endpoint-bucket slot as stored: its `ee` and `ek` fields.
+async fn endpoint_slot(
+    raw: &mut redis::aio::MultiplexedConnection,
+    prefix: &str,
+    tenant: &str,
+) -> (Option<String>, Option<String>) {
+    redis::cmd("HMGET")
+        .arg(lanekeeper::store::keys::tenant(prefix, tenant))
+        .arg("ee")
+        .arg("ek")
+        .query_async(raw)
+        .await
+        .unwrap()
+}
+
 /// Issue 20's bar, kept under issue 23's batching: one endpoint's bucket
 /// lives in its tenant's state (the slot: `ee` its endpoint, `ek` the
 /// bucket), read and written with the lease's own HMGET and HSET; any other
@@ -1384,20 +1399,6 @@ async fn one_endpoint_bucket_lives_in_its_tenants_state_and_changes_hands_only_w
             }
         }
     };
-    let slot = |raw: &mut redis::aio::MultiplexedConnection| {
-        let mut raw = raw.clone();
-        let key = keys::tenant(&p, "acme");
-        async move {
-            let got: (Option<String>, Option<String>) = redis::cmd("HMGET")
-                .arg(key)
-                .arg("ee")
-                .arg("ek")
-                .query_async(&mut raw)
-                .await
-                .unwrap();
-            got
-        }
-    };
     let bucket_key = |ep: &str| keys::endpoint_bucket(&p, "acme", ep);
     let get = |raw: &mut redis::aio::MultiplexedConnection, key: String| {
         let mut raw = raw.clone();
@@ -1416,7 +1417,10 @@ async fn one_endpoint_bucket_lives_in_its_tenants_state_and_changes_hands_only_w
     let (got, _) = lease_acking(&s, 2).await;
     assert_eq!(got.len(), 2, "{got:?}");
     let spent = |at: u64| Some(format!("1000000:{at}"));
-    assert_eq!(slot(&mut raw).await, (Some("a".into()), spent(t0)));
+    assert_eq!(
+        endpoint_slot(&mut raw, &p, "acme").await,
+        (Some("a".into()), spent(t0))
+    );
     assert_eq!(
         get(&mut raw, bucket_key("a")).await,
         None,
@@ -1442,14 +1446,20 @@ async fn one_endpoint_bucket_lives_in_its_tenants_state_and_changes_hands_only_w
         get(&mut raw, bucket_key("c")).await,
         Some(format!("0:{t1}"))
     );
-    assert_eq!(slot(&mut raw).await, (Some("a".into()), spent(t0)));
+    assert_eq!(
+        endpoint_slot(&mut raw, &p, "acme").await,
+        (Some("a".into()), spent(t0))
+    );
 
     // b's key is full again too: the free slot goes to b, from its key's
     // level (full)
     send(&["b"], 3).await;
     let (got, _) = lease_acking(&s, 1).await;
     assert_eq!(got.len(), 1, "{got:?}");
-    assert_eq!(slot(&mut raw).await, (Some("b".into()), spent(t1)));
+    assert_eq!(
+        endpoint_slot(&mut raw, &p, "acme").await,
+        (Some("b".into()), spent(t1))
+    );
     // a's bucket (in the slot before, full) is a key again when a sends,
     // and b, in the slot, is held to its limit there: one token left
     send(&["a", "b", "b"], 4).await;
@@ -1461,7 +1471,7 @@ async fn one_endpoint_bucket_lives_in_its_tenants_state_and_changes_hands_only_w
     );
     assert_eq!(get(&mut raw, bucket_key("a")).await, spent(t1));
     assert_eq!(
-        slot(&mut raw).await,
+        endpoint_slot(&mut raw, &p, "acme").await,
         (Some("b".into()), Some(format!("0:{t1}")))
     );
 }
@@ -1577,14 +1587,11 @@ async fn a_hostile_endpoint_slot_reads_as_a_full_bucket() {
             1,
             "{case:?}: a full bucket of one: {got:?}"
         );
-        let slot: (String, String) = redis::cmd("HMGET")
-            .arg(keys::tenant(&p, &t))
-            .arg("ee")
-            .arg("ek")
-            .query_async(&mut raw)
-            .await
-            .unwrap();
-        assert_eq!(slot, ("main".to_string(), format!("0:{t0}")), "{case:?}");
+        assert_eq!(
+            endpoint_slot(&mut raw, &p, &t).await,
+            (Some("main".to_string()), Some(format!("0:{t0}"))),
+            "{case:?}"
+        );
     }
 }
 

@@ -951,20 +951,23 @@ local function token_due(level, rate, now)
   return now + math.max(math.ceil((ONE_TOKEN - level) / rate), 1)
 end
 
--- An endpoint bucket as it is kept, '<micro-tokens>:<ms>' (spend_endpoint):
--- its tokens and time, or nothing when it is absent or not two whole
--- numbers from 0 up (written behind the scripts' back), which reads as a
--- full bucket. A plain find, not a pattern.
-local function bucket_text(raw)
-  if type(raw) ~= 'string' then return nil, nil end
-  local c = string.find(raw, ':', 1, true)
-  if not c then return nil, nil end
-  local tokens, at = tonumber(string.sub(raw, 1, c - 1)), tonumber(string.sub(raw, c + 1))
-  if tokens and at and tokens >= 0 and at >= 0 and tokens % 1 == 0 and at % 1 == 0
-      and tokens < HUGE and at < HUGE then
-    return tokens, at
+-- The level of an endpoint bucket as it is kept, '<micro-tokens>:<ms>'
+-- (spend_endpoint), under limit `lim` at `now`. Absent, or not two whole
+-- numbers from 0 up (written behind the scripts' back), it reads as a full
+-- bucket. A plain find, not a pattern.
+local function endpoint_level(raw, lim, now)
+  local tokens, at
+  if type(raw) == 'string' then
+    local c = string.find(raw, ':', 1, true)
+    if c then
+      tokens, at = tonumber(string.sub(raw, 1, c - 1)), tonumber(string.sub(raw, c + 1))
+      if not (tokens and at and tokens >= 0 and at >= 0 and tokens % 1 == 0 and at % 1 == 0
+          and tokens < HUGE and at < HUGE) then
+        tokens, at = nil, nil
+      end
+    end
   end
-  return nil, nil
+  return bucket_level(tokens, at or now, lim.erate, lim.ecap, now)
 end
 
 -- The endpoint bucket of (t, ep): may a delivery start now? One endpoint's
@@ -979,18 +982,13 @@ end
 local function endpoint_gate(t, ep, lim, now, ee, ek)
   local k, level
   if ep == ee then
-    local tokens, at = bucket_text(ek)
-    level = bucket_level(tokens, at or now, lim.erate, lim.ecap, now)
+    level = endpoint_level(ek, lim, now)
   else
     k = P .. ':rl:' .. #t .. ':' .. t .. ':' .. ep
     -- a key of the wrong type (written behind the scripts' back) reads as a
     -- full bucket: a lease has written before it asks, and must not fail
-    local tokens, at = bucket_text(redis.pcall('GET', k))
-    level = bucket_level(tokens, at or now, lim.erate, lim.ecap, now)
-    if level >= lim.ecap then
-      local st, sa = bucket_text(ek)
-      if not ee or bucket_level(st, sa or now, lim.erate, lim.ecap, now) >= lim.ecap then k = nil end
-    end
+    level = endpoint_level(redis.pcall('GET', k), lim, now)
+    if level >= lim.ecap and (not ee or endpoint_level(ek, lim, now) >= lim.ecap) then k = nil end
   end
   if level < ONE_TOKEN then return token_due(level, lim.erate, now) end
   return true, k, level

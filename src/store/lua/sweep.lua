@@ -1,5 +1,5 @@
 -- Helpers (common.lua): num, now_ms, tkey, lane, hold, dlkey, ezkey, epskey, importkey, claims_key,
---   id_period, limit_of, bucket_level, bucket_text
+--   id_period, limit_of, bucket_level, endpoint_level
 -- ARGV: count (SSCAN COUNT hint, 1 to 500). One bounded step of the sweep
 -- of idle tenants (policy `sweep`, seconds; 0: never): scans the next part
 -- of P:tenants from the cursor kept in P:conf (swc) and deletes the
@@ -74,10 +74,7 @@ for _, t in ipairs(members) do
       if lim and lim.rate > 0 and bucket_level(tonumber(st[19]), num(st[20], 0), lim.rate, lim.cap, now) < lim.cap then
         idle = false
       end
-      if lim and lim.erate > 0 then
-        local tokens, at = bucket_text(st[22])
-        if bucket_level(tokens, at or now, lim.erate, lim.ecap, now) < lim.ecap then idle = false end
-      end
+      if lim and lim.erate > 0 and endpoint_level(st[22], lim, now) < lim.ecap then idle = false end
     end
     if idle then
       idle = redis.call('EXISTS', lane(t), hold(t), epskey(t), ezkey(t)) == 0
