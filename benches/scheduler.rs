@@ -62,8 +62,8 @@ use std::sync::Arc;
 
 use common::floor::{fair_floor_deliveries, floor_deliveries, floor_enqueue};
 use common::{
-    connect, enqueue_all, env, fair, fair_batched, fair_with, interleaved, measure, raw_backlog,
-    raw_connections, raw_pair, Rate, CLIENTS, CYCLES,
+    connect, enqueue_all, env, fair, fair_batched, fair_with, interleaved, measure, print_server,
+    raw_backlog, raw_connections, raw_pair, Rate, CLIENTS, CYCLES,
 };
 use lanekeeper::envelope::Envelope;
 use lanekeeper::policy::{Isolation, QueuePolicy};
@@ -225,6 +225,7 @@ fn main() {
         .unwrap();
     let url = support::redis::shared().url.clone();
     rt.block_on(async {
+        print_server(&url).await;
         // the rate-limited pair alone, five rounds (see the header)
         if std::env::var("BENCH_ONLY").as_deref() == Ok("rate_limits") {
             let (rate, cpu) = rate_limited_rounds(&url, 5).await;

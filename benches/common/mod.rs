@@ -346,6 +346,25 @@ fn print_commandstats(info: &str, ops: u64) {
     }
 }
 
+/// Print which redis-server the run measures (`redis_version` and its
+/// executable, from `INFO server`): the ratios depend on its version, and
+/// the bench takes whichever `redis-server` is first on PATH.
+pub async fn print_server(url: &str) {
+    let info = redis_admin(url, &["INFO", "server"]).await;
+    let field = |k: &str| {
+        info.lines()
+            .find_map(|l| l.strip_prefix(k)?.strip_prefix(':'))
+            .unwrap_or("?")
+            .trim()
+            .to_string()
+    };
+    println!(
+        "redis-server {} ({})",
+        field("redis_version"),
+        field("executable")
+    );
+}
+
 /// CPU seconds the Redis server has used so far (user + system), from
 /// `INFO cpu`: the difference over a phase says how much of the phase's
 /// time the single Redis thread was busy.
