@@ -2277,11 +2277,7 @@ async fn redis_memory_is_flat_after_100000_tenants_send_once_and_go_idle() {
                 .await
                 .unwrap();
             let field = |k: &str| {
-                info.lines()
-                    .find_map(|l| l.strip_prefix(k)?.strip_prefix(':'))
-                    .unwrap_or_else(|| panic!("INFO has no {k}"))
-                    .trim()
-                    .to_string()
+                support::redis::info_field(&info, k).unwrap_or_else(|| panic!("INFO has no {k}"))
             };
             let used: i64 = field("used_memory").parse().unwrap();
             // Since Redis 7.4 `used_memory` counts the script VMs' heaps too

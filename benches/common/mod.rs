@@ -8,6 +8,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use crate::support::redis::info_field;
 use lanekeeper::envelope::Envelope;
 use lanekeeper::policy::QueuePolicy;
 use lanekeeper::routing::QueueId;
@@ -351,13 +352,7 @@ fn print_commandstats(info: &str, ops: u64) {
 /// the bench takes whichever `redis-server` is first on PATH.
 pub async fn print_server(url: &str) {
     let info = redis_admin(url, &["INFO", "server"]).await;
-    let field = |k: &str| {
-        info.lines()
-            .find_map(|l| l.strip_prefix(k)?.strip_prefix(':'))
-            .unwrap_or("?")
-            .trim()
-            .to_string()
-    };
+    let field = |k: &str| info_field(&info, k).unwrap_or("?");
     println!(
         "redis-server {} ({})",
         field("redis_version"),
@@ -369,11 +364,9 @@ pub async fn print_server(url: &str) {
 /// `INFO cpu`: the difference over a phase says how much of the phase's
 /// time the single Redis thread was busy.
 pub async fn redis_cpu(url: &str) -> f64 {
-    redis_admin(url, &["INFO", "cpu"])
-        .await
-        .lines()
-        .filter_map(|l| l.split_once(':'))
-        .filter(|(k, _)| *k == "used_cpu_user" || *k == "used_cpu_sys")
-        .map(|(_, v)| v.trim().parse::<f64>().unwrap())
+    let info = redis_admin(url, &["INFO", "cpu"]).await;
+    ["used_cpu_user", "used_cpu_sys"]
+        .iter()
+        .map(|k| info_field(&info, k).unwrap().parse::<f64>().unwrap())
         .sum()
 }

@@ -370,6 +370,15 @@ impl Drop for TestCluster {
     }
 }
 
+/// The value of `field` in an INFO reply's `field:value` lines (the
+/// tests' and benches' reading of INFO; the store's own is private to
+/// `store::settings`).
+pub fn info_field<'a>(info: &'a str, field: &str) -> Option<&'a str> {
+    info.lines()
+        .find_map(|l| l.strip_prefix(field)?.strip_prefix(':'))
+        .map(str::trim)
+}
+
 /// Run redis-cli against the plain-text port of `redis`; its stdout (and
 /// stderr, for error replies).
 pub fn cli(redis: &TestRedis, args: &[&str]) -> String {
